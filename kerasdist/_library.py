@@ -1,0 +1,78 @@
+"""Locates and loads kerasdist's compiled op library.
+
+The library is built by `setup.py` against the installed TensorFlow. Loading
+checks that it exists and that it was built for the running TensorFlow, and
+fails with a message that says how to rebuild; there is no fallback.
+"""
+
+import ctypes
+import glob
+import os
+
+import tensorflow as tf
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REBUILD = (
+    "Rebuild it from the kerasdist source tree with\n"
+    "    pip install --no-build-isolation --force-reinstall --no-deps -e .\n"
+    "(TensorFlow, mpi4py and an MPI must already be installed: "
+    "`pip install tensorflow-cpu==2.21.0 mpi4py mpich`)."
+)
+
+
+def library_path():
+    """Returns the path of the op library, or raises ImportError."""
+    found = sorted(glob.glob(os.path.join(_HERE, "_kerasdist_ops*.so")))
+    if not found:
+        raise ImportError(
+            "kerasdist's op library (_kerasdist_ops*.so) was not found in "
+            f"{_HERE}: kerasdist has not been built. " + _REBUILD
+        )
+    return found[0]
+
+
+def built_tf_version():
+    try:
+        from kerasdist import _build_info
+    except ImportError:
+        return None
+    return _build_info.TF_VERSION
+
+
+def load():
+    """Loads the op library. Returns `(ops_module, ctypes_library, path)`."""
+    path = library_path()
+    built = built_tf_version()
+    if built is not None and built != tf.__version__:
+        raise ImportError(
+            f"kerasdist's op library was built against TensorFlow {built}, "
+            f"but TensorFlow {tf.__version__} is installed. Custom ops are "
+            "not ABI-compatible across TensorFlow versions. " + _REBUILD
+        )
+    # mpi4py must load (and initialise) libmpi before the op library, which
+    # links against the same libmpi.
+    from mpi4py import MPI  # noqa: F401
+
+    try:
+        ops = tf.load_op_library(path)
+    except Exception as e:  # undefined symbols, wrong ABI, ...
+        raise ImportError(
+            f"kerasdist's op library {path} could not be loaded: {e}. " + _REBUILD
+        ) from e
+    lib = ctypes.CDLL(path)
+    ll = ctypes.c_longlong
+    lib.kerasdist_init.argtypes = [
+        ctypes.c_int, ll, ll, ll, ll, ll, ll, ll, ctypes.c_char_p,
+        ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.kerasdist_init.restype = ctypes.c_int
+    lib.kerasdist_built_tf_version.restype = ctypes.c_char_p
+    lib.kerasdist_transport_name.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.kerasdist_built_tf_version.restype = ctypes.c_char_p
+    lib_built = lib.kerasdist_built_tf_version().decode()
+    if lib_built != tf.__version__:
+        raise ImportError(
+            f"kerasdist's op library was built against TensorFlow {lib_built}, "
+            f"but TensorFlow {tf.__version__} is installed. " + _REBUILD
+        )
+    return ops, lib, path

@@ -1,0 +1,57 @@
+// The collective algorithms, written over the Transport interface.
+//
+// Cross-rank contract for every function here: all ranks of the transport
+// call it in the same order with the same dtype and op; counts agree as
+// documented per function. The engine guarantees this by negotiating each
+// collective before running it.
+//
+// Vocabulary (as in the ring literature):
+//   chunk   - the 1/N slice of the buffer that one rank reduces
+//             (reduce-scatter) or owns (allgather);
+//   segment - the unit in flight on the wire; chunks are split into segments
+//             so that receiving, reducing and forwarding overlap.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common.h"
+#include "transport.h"
+
+namespace kerasdist {
+
+struct CollectiveOptions {
+  size_t segment_bytes = 256 * 1024;  // bytes per message on the wire
+  int segments_in_flight = 4;         // receives posted ahead
+  int64_t timeout_ms = 60000;         // bound on every single wait
+};
+
+// Phase boundaries, in NowMicros() time, for the timeline.
+struct RingTimes {
+  int64_t start = 0;
+  int64_t reduce_scatter_end = 0;
+  int64_t end = 0;
+};
+
+// In-place ring allreduce of `count` elements: a reduce-scatter then an
+// allgather, N-1 steps each. Every rank sends 2(N-1)/N of the buffer.
+// kAverage reduces as a sum; the caller divides (see Finalize in reduce.h).
+// `scratch` is grown as needed and reused across calls.
+Status RingAllreduce(Transport* transport, void* buf, size_t count,
+                     DataType dtype, ReduceOp op,
+                     const CollectiveOptions& options,
+                     std::vector<char>* scratch, RingTimes* times);
+
+// In-place ring allgather of per-rank blocks of different sizes. On entry,
+// rank r's block lies at byte offset block_offsets[r] of `buf`; on return all
+// blocks are filled. All ranks pass the same block sizes.
+Status RingAllgather(Transport* transport, void* buf,
+                     const std::vector<size_t>& block_offsets,
+                     const std::vector<size_t>& block_bytes,
+                     const CollectiveOptions& options, RingTimes* times);
+
+// Pipelined chain broadcast of `bytes` from `root`, in place.
+Status ChainBroadcast(Transport* transport, void* buf, size_t bytes, int root,
+                      const CollectiveOptions& options);
+
+}  // namespace kerasdist

@@ -1,0 +1,290 @@
+#include "coordinator.h"
+#include "transport.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <tuple>
+
+namespace kerasdist {
+
+namespace {
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(ranks[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+Coordinator::Coordinator(int size, const CoordinatorOptions& options)
+    : size_(size), options_(options), joined_(size, false) {}
+
+int32_t Coordinator::IdFor(const std::string& name, ResponseList* out) {
+  auto it = ids_.find(name);
+  int32_t id;
+  if (it == ids_.end()) {
+    id = static_cast<int32_t>(names_.size());
+    ids_.emplace(name, id);
+    names_.push_back(name);
+    cached_meta_.emplace_back();
+    announced_.push_back(false);
+  } else {
+    id = it->second;
+  }
+  if (!announced_[id]) {
+    announced_[id] = true;
+    out->new_ids.emplace_back(id, name);
+  }
+  return id;
+}
+
+void Coordinator::Submit(int rank, const RequestList& list) {
+  if (list.shutdown && shutdown_rank_ < 0) shutdown_rank_ = rank;
+  for (const RequestEntry& e : list.entries) {
+    const std::string* name = &e.name;
+    const TensorMeta* meta = &e.meta;
+    if (e.id >= 0) {
+      if (static_cast<size_t>(e.id) >= names_.size()) {
+        abort_message_ = "internal error: rank " + std::to_string(rank) +
+                         " sent unknown cache id " + std::to_string(e.id);
+        return;
+      }
+      name = &names_[e.id];
+      meta = &cached_meta_[e.id];
+    }
+    if (meta->type == OpType::kJoin) {
+      if (!joined_[rank]) {
+        joined_[rank] = true;
+        ++joined_count_;
+      }
+      last_joined_ = rank;
+      continue;
+    }
+    auto it = pending_.find(*name);
+    if (it == pending_.end()) {
+      Pending p;
+      p.name = *name;
+      p.metas.resize(size_);
+      p.submitted.assign(size_, false);
+      p.first_seen_us = NowMicros();
+      p.order = next_order_++;
+      it = pending_.emplace(*name, std::move(p)).first;
+    }
+    Pending& p = it->second;
+    if (!p.submitted[rank]) {
+      p.submitted[rank] = true;
+      p.metas[rank] = *meta;
+      ++p.count;
+    }
+  }
+}
+
+bool Coordinator::IsReady(const Pending& p) const {
+  int have = p.count;
+  for (int r = 0; r < size_; ++r)
+    if (joined_[r] && !p.submitted[r]) ++have;
+  return have == size_;
+}
+
+Coordinator::Ready Coordinator::Validate(const Pending& p, int64_t now_us) {
+  Ready out;
+  out.name = p.name;
+  out.id = -1;
+  out.contributors = p.count;
+  out.ready_us = now_us;
+  int first = 0;
+  while (!p.submitted[first]) ++first;
+  const TensorMeta& m0 = p.metas[first];
+  out.meta = m0;
+  bool ok = true;
+  for (int r = 0; r < size_ && ok; ++r) {
+    if (!p.submitted[r]) continue;
+    const TensorMeta& m = p.metas[r];
+    if (m.type != m0.type || m.dtype != m0.dtype) {
+      ok = false;
+    } else if (m.type == OpType::kAllgather) {
+      ok = !m.shape.empty() && m.shape.size() == m0.shape.size() &&
+           std::equal(m.shape.begin() + 1, m.shape.end(), m0.shape.begin() + 1);
+    } else if (m.type != OpType::kBarrier) {
+      ok = m == m0;
+    }
+  }
+  if (ok && m0.type == OpType::kAllgather && m0.shape.empty()) ok = false;
+  if (!ok) {
+    std::string msg = "Mismatched " + std::string(OpTypeName(m0.type)) +
+                      " for tensor '" + p.name + "' across ranks:";
+    for (int r = 0; r < size_; ++r) {
+      msg += (r ? "; rank " : " rank ") + std::to_string(r) + " sent " +
+             (p.submitted[r] ? p.metas[r].Describe() : std::string("nothing (joined)"));
+    }
+    msg += ". Every rank must call the same collective with the same dtype, "
+           "op and shape";
+    if (m0.type == OpType::kAllgather)
+      msg += " (allgather: same rank and trailing dimensions, at least 1-D)";
+    out.error = msg + ".";
+    return out;
+  }
+  if (m0.type == OpType::kBroadcast) {
+    if (m0.root < 0 || m0.root >= size_) {
+      out.error = "Invalid root_rank for broadcast '" + p.name + "'. Expected 0 <= root_rank < " +
+                  std::to_string(size_) + ". Received: root_rank=" + std::to_string(m0.root);
+    } else if (!p.submitted[m0.root]) {
+      out.error = "broadcast '" + p.name + "': root rank " + std::to_string(m0.root) +
+                  " has already joined and cannot send";
+    }
+  }
+  if (m0.type == OpType::kAllgather) {
+    out.rank_dim0.assign(size_, 0);
+    for (int r = 0; r < size_; ++r)
+      if (p.submitted[r]) out.rank_dim0[r] = p.metas[r].shape[0];
+  }
+  return out;
+}
+
+void Coordinator::EmitReady(int64_t now_us, ResponseList* out) {
+  // Hold ready allreduces back for up to one cycle while other allreduces
+  // are still arriving, so that they can travel in one fused buffer.
+  bool others_arriving = false;
+  for (const auto& kv : pending_) {
+    const Pending& p = kv.second;
+    for (int r = 0; r < size_ && !others_arriving; ++r)
+      others_arriving = p.submitted[r] && p.metas[r].type == OpType::kAllreduce;
+  }
+  int64_t oldest = now_us, ready_bytes = 0;
+  for (const Ready& r : ready_) {
+    if (r.meta.type != OpType::kAllreduce || !r.error.empty()) continue;
+    oldest = std::min(oldest, r.ready_us);
+    ready_bytes += NumElements(r.meta.shape) * DataTypeSize(r.meta.dtype);
+  }
+  const bool hold = others_arriving && options_.cycle_time_us > 0 &&
+                    now_us - oldest < options_.cycle_time_us &&
+                    ready_bytes < options_.fusion_threshold_bytes;
+
+  using Key = std::tuple<int, int, double, double, int>;
+  std::map<Key, size_t> open;  // fusion group -> index in out->responses
+  std::map<Key, int64_t> open_bytes;
+  std::vector<Ready> kept;
+  for (Ready& r : ready_) {
+    const bool is_allreduce = r.meta.type == OpType::kAllreduce && r.error.empty();
+    if (is_allreduce && hold) {
+      kept.push_back(std::move(r));
+      continue;
+    }
+    r.id = IdFor(r.name, out);
+    const int64_t count = NumElements(r.meta.shape);
+    if (r.error.empty() && r.meta.type != OpType::kAllgather)
+      cached_meta_[r.id] = r.meta;
+    if (is_allreduce) {
+      const int64_t bytes = count * DataTypeSize(r.meta.dtype);
+      Key key{static_cast<int>(r.meta.dtype), static_cast<int>(r.meta.reduce_op),
+              r.meta.prescale, r.meta.postscale, r.contributors};
+      auto it = open.find(key);
+      if (it != open.end() &&
+          open_bytes[key] + bytes <= options_.fusion_threshold_bytes) {
+        Response& resp = out->responses[it->second];
+        resp.ids.push_back(r.id);
+        resp.counts.push_back(count);
+        open_bytes[key] += bytes;
+        continue;
+      }
+      open[key] = out->responses.size();
+      open_bytes[key] = bytes;
+    }
+    Response resp;
+    resp.type = r.meta.type;
+    resp.ids.push_back(r.id);
+    resp.dtype = r.meta.dtype;
+    resp.reduce_op = r.meta.reduce_op;
+    resp.root = r.meta.root;
+    resp.prescale = r.meta.prescale;
+    resp.postscale = r.meta.postscale;
+    resp.rank_dim0 = r.rank_dim0;
+    resp.contributors = r.contributors;
+    resp.error = r.error;
+    if (r.meta.type == OpType::kAllgather) {
+      int64_t row = 1;  // elements per row of the gathered tensor
+      for (size_t i = 1; i < r.meta.shape.size(); ++i) row *= r.meta.shape[i];
+      resp.counts.push_back(row);
+    } else {
+      resp.counts.push_back(count);
+    }
+    out->responses.push_back(std::move(resp));
+  }
+  ready_ = std::move(kept);
+}
+
+void Coordinator::InspectStalls(int64_t now_us, ResponseList* out) {
+  if (now_us - last_stall_check_us_ < 100000) return;
+  last_stall_check_us_ = now_us;
+  for (auto& kv : pending_) {
+    Pending& p = kv.second;
+    const int64_t age = now_us - p.first_seen_us;
+    std::vector<int> have, missing;
+    for (int r = 0; r < size_; ++r)
+      (p.submitted[r] ? have : missing).push_back(r);
+    int first = have.empty() ? 0 : have[0];
+    const std::string what = std::string(OpTypeName(p.metas[first].type)) +
+                             " '" + p.name + "'";
+    if (options_.stall_shutdown_us > 0 && age > options_.stall_shutdown_us) {
+      abort_message_ = "Stall shutdown after " + std::to_string(age / 1000000) +
+                       " s: " + what + " was submitted by ranks " + RankList(have) +
+                       " but not by ranks " + RankList(missing) +
+                       " (KERASDIST_STALL_SHUTDOWN_TIME_SECONDS).";
+      out->abort = true;
+      out->message = abort_message_;
+      return;
+    }
+    if (!p.warned && age > options_.stall_warning_us) {
+      p.warned = true;
+      std::fprintf(stderr,
+                   "[kerasdist] WARNING: stall: %s has waited %.1f s; submitted "
+                   "by ranks %s, missing ranks %s. One or more ranks may be "
+                   "running a different collective, be slower, or have "
+                   "finished early.\n",
+                   what.c_str(), age / 1e6, RankList(have).c_str(),
+                   RankList(missing).c_str());
+      std::fflush(stderr);
+    }
+  }
+}
+
+ResponseList Coordinator::Plan(int64_t now_us) {
+  ResponseList out;
+  if (!abort_message_.empty()) {
+    out.abort = true;
+    out.message = abort_message_;
+    return out;
+  }
+  std::vector<const Pending*> became_ready;
+  for (const auto& kv : pending_)
+    if (IsReady(kv.second)) became_ready.push_back(&kv.second);
+  std::sort(became_ready.begin(), became_ready.end(),
+            [](const Pending* a, const Pending* b) { return a->order < b->order; });
+  std::vector<std::string> done;
+  for (const Pending* p : became_ready) {
+    ready_.push_back(Validate(*p, now_us));
+    done.push_back(p->name);
+  }
+  for (const auto& name : done) pending_.erase(name);
+  EmitReady(now_us, &out);
+  if (joined_count_ == size_ && ready_.empty() && pending_.empty()) {
+    Response resp;
+    resp.type = OpType::kJoin;
+    resp.root = last_joined_;
+    out.responses.push_back(resp);
+    joined_.assign(size_, false);
+    joined_count_ = 0;
+  }
+  InspectStalls(now_us, &out);
+  if (shutdown_rank_ >= 0 && !out.abort) {
+    out.shutdown = true;
+    out.message = "rank " + std::to_string(shutdown_rank_) + " shut kerasdist down";
+  }
+  return out;
+}
+
+}  // namespace kerasdist

@@ -1,0 +1,431 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "reduce.h"
+
+namespace kerasdist {
+
+namespace {
+
+const char kJoinName[] = "__kerasdist_join__";
+
+std::string JoinNames(const std::vector<Request*>& reqs) {
+  std::string s;
+  for (const Request* r : reqs) {
+    if (!r) continue;
+    if (!s.empty()) s += ",";
+    if (s.size() > 512) return s + "...";
+    s += r->name;
+  }
+  return s;
+}
+
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Transport> transport, const EngineConfig& config)
+    : transport_(std::move(transport)),
+      config_(config),
+      rank_(transport_->rank()),
+      size_(transport_->size()) {
+  if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, config_.coordinator);
+  if (rank_ == 0 && !config_.timeline_path.empty()) {
+    if (!timeline_.Open(config_.timeline_path, rank_)) {
+      std::fprintf(stderr, "[kerasdist] WARNING: cannot open timeline file '%s'\n",
+                   config_.timeline_path.c_str());
+    }
+  }
+}
+
+Engine::~Engine() { Shutdown(); }
+
+void Engine::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+std::string Engine::Prefix() const {
+  return "rank " + std::to_string(rank_) + "/" + std::to_string(size_) + ": ";
+}
+
+void Engine::Enqueue(Request request) {
+  request.enqueue_us = NowMicros();
+  Status stopped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopped_ && !shutdown_requested_) {
+      queue_.push_back(std::move(request));
+      cv_.notify_one();
+      return;
+    }
+    stopped = stopped_ ? final_status_
+                       : Status(StatusCode::kShutdown,
+                                Prefix() + "kerasdist is shutting down");
+  }
+  request.done(stopped);
+}
+
+void Engine::Shutdown() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!thread_.joinable()) return;
+    shutdown_requested_ = true;
+    cv_.notify_one();
+    // Bounded: the loop itself gives up after the collective timeout.
+    const auto bound = std::chrono::milliseconds(
+        config_.collective.timeout_ms + 10000);
+    if (!cv_.wait_for(lock, bound, [this] { return stopped_; })) {
+      std::fprintf(stderr,
+                   "[kerasdist] WARNING: %sengine thread did not stop within "
+                   "%lld ms; leaving it behind\n",
+                   Prefix().c_str(), static_cast<long long>(bound.count()));
+      thread_.detach();
+      return;
+    }
+  }
+  thread_.join();
+}
+
+void Engine::TakeNewRequests(RequestList* mine, bool* progressed) {
+  std::vector<Request> fresh;
+  bool want_shutdown;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(queue_);
+    want_shutdown = shutdown_requested_;
+  }
+  for (Request& r : fresh) {
+    *progressed = true;
+    if (inflight_.count(r.name)) {
+      r.done(Status(StatusCode::kInvalidArgument,
+                    Prefix() + "a collective named '" + r.name +
+                        "' is already in flight on this rank. Names of "
+                        "concurrent collectives must be unique."));
+      continue;
+    }
+    RequestEntry e;
+    auto hit = cache_.find(r.name);
+    if (hit != cache_.end() && hit->second.second == r.meta) {
+      e.id = hit->second.first;
+    } else {
+      e.name = r.name;
+      e.meta = r.meta;
+    }
+    if (r.meta.type == OpType::kJoin) joined_ = true;
+    mine->entries.push_back(std::move(e));
+    inflight_.emplace(r.name, std::move(r));
+  }
+  mine->shutdown = want_shutdown;
+}
+
+void Engine::SendControl(int peer, int tag, std::string bytes) {
+  auto buf = std::make_shared<std::string>(std::move(bytes));
+  auto t = transport_->Isend(peer, tag, buf->data(), buf->size());
+  control_sends_.emplace_back(std::move(buf), std::move(t));
+}
+
+void Engine::FinishControlSends(int64_t timeout_ms) {
+  for (auto& cs : control_sends_) {
+    if (timeout_ms > 0) WaitTransfer(cs.second.get(), timeout_ms);
+  }
+  if (timeout_ms > 0) control_sends_.clear();
+  // Without a timeout: drop only the completed ones.
+  control_sends_.erase(
+      std::remove_if(control_sends_.begin(), control_sends_.end(),
+                     [](auto& cs) { return cs.second->Test(); }),
+      control_sends_.end());
+}
+
+void Engine::Loop() {
+  Status exit_status(StatusCode::kShutdown, Prefix() + "kerasdist has been shut down");
+  bool shutdown_sent = false;
+  int64_t shutdown_sent_us = 0;
+  int64_t idle_since = NowMicros();
+  int64_t backoff_us = 0;
+  bool running = true;
+  while (running) {
+    bool progressed = false;
+    RequestList mine;
+    TakeNewRequests(&mine, &progressed);
+    const bool ask_shutdown = mine.shutdown && !shutdown_sent;
+    mine.shutdown = ask_shutdown;
+    if (ask_shutdown) {
+      shutdown_sent = true;
+      shutdown_sent_us = NowMicros();
+      progressed = true;
+    }
+    if (rank_ == 0) {
+      coordinator_->Submit(0, mine);
+      int peer;
+      size_t bytes;
+      while (transport_->Probe(kTagRequest, &peer, &bytes)) {
+        std::string wire(bytes, '\0');
+        RequestList theirs;
+        Status s = transport_->RecvProbed(peer, kTagRequest, &wire[0], bytes);
+        if (s.ok() && !Parse(wire, &theirs))
+          s = Status(StatusCode::kInternal, "corrupt request from rank " + std::to_string(peer));
+        if (!s.ok()) {
+          exit_status = Status(StatusCode::kAborted, Prefix() + s.message());
+          running = false;
+          break;
+        }
+        coordinator_->Submit(peer, theirs);
+        progressed = true;
+      }
+      if (!running) break;
+      ResponseList plan = coordinator_->Plan(NowMicros());
+      if (!plan.empty()) {
+        progressed = true;
+        const std::string wire = Serialize(plan);
+        for (int w = 1; w < size_; ++w) SendControl(w, kTagResponse, wire);
+        running = Execute(plan, &exit_status);
+      }
+    } else {
+      if (!mine.entries.empty() || mine.shutdown)
+        SendControl(0, kTagRequest, Serialize(mine));
+      int peer;
+      size_t bytes;
+      while (running && transport_->Probe(kTagResponse, &peer, &bytes)) {
+        std::string wire(bytes, '\0');
+        ResponseList plan;
+        Status s = transport_->RecvProbed(peer, kTagResponse, &wire[0], bytes);
+        if (s.ok() && !Parse(wire, &plan))
+          s = Status(StatusCode::kInternal, "corrupt response from rank 0");
+        if (!s.ok()) {
+          exit_status = Status(StatusCode::kAborted, Prefix() + s.message());
+          running = false;
+          break;
+        }
+        progressed = true;
+        running = Execute(plan, &exit_status);
+      }
+      if (running && shutdown_sent &&
+          NowMicros() - shutdown_sent_us > config_.collective.timeout_ms * 1000) {
+        exit_status = Status(StatusCode::kTimeout,
+                             Prefix() + "timed out after " +
+                                 std::to_string(config_.collective.timeout_ms) +
+                                 " ms waiting for rank 0 to acknowledge shutdown");
+        running = false;
+      }
+    }
+    FinishControlSends(0);
+    if (!running) break;
+    if (progressed) {
+      idle_since = NowMicros();
+      backoff_us = 0;
+      continue;
+    }
+    const bool busy = !inflight_.empty() || shutdown_sent ||
+                      (coordinator_ && coordinator_->HasPending());
+    if (busy) {
+      // Waiting on other ranks: spin briefly, then poll with short sleeps.
+      if (NowMicros() - idle_since < 50) {
+        std::this_thread::yield();
+      } else {
+        backoff_us = std::min<int64_t>(100, backoff_us ? backoff_us * 2 : 2);
+        SleepMicros(backoff_us);
+      }
+    } else {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(5),
+                   [this] { return !queue_.empty() || shutdown_requested_; });
+    }
+  }
+  FinishControlSends(std::min<int64_t>(2000, config_.collective.timeout_ms));
+  FailAll(exit_status);
+  timeline_.Close();
+}
+
+void Engine::FailAll(const Status& status) {
+  std::vector<Request> rest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rest.swap(queue_);
+    final_status_ = status;
+    stopped_ = true;
+  }
+  for (auto& kv : inflight_) kv.second.done(status);
+  inflight_.clear();
+  for (auto& r : rest) r.done(status);
+  std::lock_guard<std::mutex> lock(mu_);
+  cv_.notify_all();
+}
+
+bool Engine::Execute(const ResponseList& list, Status* exit_status) {
+  for (const auto& p : list.new_ids) {
+    if (static_cast<size_t>(p.first) >= id_names_.size()) id_names_.resize(p.first + 1);
+    id_names_[p.first] = p.second;
+  }
+  for (const Response& resp : list.responses) {
+    const int64_t start = NowMicros();
+    std::vector<Request*> reqs;
+    if (resp.type == OpType::kJoin) {
+      auto it = inflight_.find(kJoinName);
+      if (it != inflight_.end()) {
+        if (it->second.join_result) *it->second.join_result = resp.root;
+        it->second.done(Status::OK());
+        inflight_.erase(it);
+      }
+      joined_ = false;
+      continue;
+    }
+    for (int32_t id : resp.ids) {
+      auto it = inflight_.find(id_names_[id]);
+      reqs.push_back(it == inflight_.end() ? nullptr : &it->second);
+      if (!reqs.back() && !joined_) {
+        *exit_status = Status(StatusCode::kInternal,
+                              Prefix() + "internal error: response for unknown tensor '" +
+                                  id_names_[id] + "'");
+        return false;
+      }
+      if (reqs.back() && timeline_.enabled())
+        timeline_.Event(it->second.name, kRowNegotiation, it->second.enqueue_us,
+                        start, OpTypeName(resp.type));
+    }
+    Status s;
+    if (!resp.error.empty()) {
+      s = Status(StatusCode::kMismatch, Prefix() + resp.error);
+    } else {
+      s = RunResponse(resp, reqs);
+      if (!s.ok()) {
+        // A failed transfer leaves the ranks out of step: stop the engine.
+        *exit_status = Status(s.code() == StatusCode::kTimeout ? StatusCode::kTimeout
+                                                               : StatusCode::kAborted,
+                              Prefix() + s.message() + " in " + OpTypeName(resp.type) +
+                                  " '" + JoinNames(reqs) + "'");
+        return false;
+      }
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Request* r = reqs[i];
+      if (!r) continue;
+      if (s.ok() && r->meta.type != OpType::kAllgather)
+        cache_[r->name] = {resp.ids[i], r->meta};
+      r->done(s);
+      inflight_.erase(r->name);
+    }
+  }
+  if (list.abort) {
+    std::fprintf(stderr, "[kerasdist] ERROR: %s%s\n", Prefix().c_str(), list.message.c_str());
+    *exit_status = Status(StatusCode::kAborted, Prefix() + list.message);
+    return false;
+  }
+  if (list.shutdown) {
+    *exit_status = Status(StatusCode::kShutdown,
+                          Prefix() + "kerasdist has been shut down (" + list.message +
+                              "); call kerasdist.init() again to run collectives");
+    return false;
+  }
+  return true;
+}
+
+Status Engine::RunResponse(const Response& resp, std::vector<Request*>& reqs) {
+  switch (resp.type) {
+    case OpType::kAllreduce: return RunAllreduce(resp, reqs);
+    case OpType::kAllgather: return RunAllgather(resp, reqs[0]);
+    case OpType::kBroadcast: return RunBroadcast(resp, reqs[0]);
+    default: return Status::OK();  // barrier: agreement is the whole job
+  }
+}
+
+Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
+  const size_t elem = DataTypeSize(resp.dtype);
+  size_t total = 0;
+  for (int64_t c : resp.counts) total += static_cast<size_t>(c);
+  const bool single = reqs.size() == 1 && reqs[0] != nullptr;
+  char* buf;
+  const int64_t t0 = NowMicros();
+  if (single) {
+    buf = static_cast<char*>(reqs[0]->output);
+    CopyScaled(buf, reqs[0]->input, total, resp.dtype, resp.prescale);
+  } else {
+    if (fusion_buffer_.size() < total * elem) fusion_buffer_.resize(total * elem);
+    buf = fusion_buffer_.data();
+    size_t off = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const size_t n = static_cast<size_t>(resp.counts[i]);
+      if (reqs[i]) {
+        CopyScaled(buf + off, reqs[i]->input, n, resp.dtype, resp.prescale);
+      } else {
+        std::memset(buf + off, 0, n * elem);  // a joined rank contributes zeros
+      }
+      off += n * elem;
+    }
+  }
+  const int64_t t1 = NowMicros();
+  RingTimes times;
+  Status s = RingAllreduce(transport_.get(), buf, total, resp.dtype, resp.reduce_op,
+                           config_.collective, &scratch_, &times);
+  if (!s.ok()) return s;
+  const int contributors = resp.contributors > 0 ? resp.contributors : size_;
+  Finalize(buf, total, resp.dtype, resp.reduce_op, contributors, resp.postscale);
+  const int64_t t2 = NowMicros();
+  if (!single) {
+    size_t off = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const size_t bytes = static_cast<size_t>(resp.counts[i]) * elem;
+      if (reqs[i]) std::memcpy(reqs[i]->output, buf + off, bytes);
+      off += bytes;
+    }
+  }
+  if (timeline_.enabled()) {
+    const std::string names = JoinNames(reqs);
+    const int64_t t3 = NowMicros();
+    timeline_.Event(single ? "copy_in" : "memcpy_in_fusion_buffer", kRowCopies, t0, t1, names);
+    timeline_.Event("ring_reduce_scatter", kRowCollective, times.start,
+                    times.reduce_scatter_end, names);
+    timeline_.Event("ring_allgather", kRowCollective, times.reduce_scatter_end, times.end, names);
+    if (!single) timeline_.Event("memcpy_out_fusion_buffer", kRowCopies, t2, t3, names);
+  }
+  return Status::OK();
+}
+
+Status Engine::RunAllgather(const Response& resp, Request* req) {
+  const size_t row_bytes = static_cast<size_t>(resp.counts[0]) * DataTypeSize(resp.dtype);
+  std::vector<size_t> offsets(size_), bytes(size_);
+  int64_t rows = 0;
+  size_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    offsets[r] = total;
+    bytes[r] = static_cast<size_t>(resp.rank_dim0[r]) * row_bytes;
+    total += bytes[r];
+    rows += resp.rank_dim0[r];
+  }
+  char* out;
+  if (req) {
+    std::vector<int64_t> shape = req->meta.shape;
+    shape[0] = rows;
+    void* data = nullptr;
+    Status s = req->allocate(shape, &data);
+    if (!s.ok()) return s;
+    out = static_cast<char*>(data);
+    if (bytes[rank_]) std::memcpy(out + offsets[rank_], req->input, bytes[rank_]);
+  } else {
+    if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+    out = fusion_buffer_.data();
+  }
+  RingTimes times;
+  Status s = RingAllgather(transport_.get(), out, offsets, bytes, config_.collective, &times);
+  if (s.ok() && timeline_.enabled() && req)
+    timeline_.Event("ring_allgather", kRowCollective, times.start, times.end, req->name);
+  return s;
+}
+
+Status Engine::RunBroadcast(const Response& resp, Request* req) {
+  const size_t bytes = static_cast<size_t>(resp.counts[0]) * DataTypeSize(resp.dtype);
+  char* buf;
+  if (req) {
+    buf = static_cast<char*>(req->output);
+    if (rank_ == resp.root && req->output != req->input && bytes)
+      std::memcpy(buf, req->input, bytes);
+  } else {
+    if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
+    buf = fusion_buffer_.data();
+  }
+  const int64_t t0 = NowMicros();
+  Status s = ChainBroadcast(transport_.get(), buf, bytes, resp.root, config_.collective);
+  if (s.ok() && timeline_.enabled() && req)
+    timeline_.Event("broadcast", kRowCollective, t0, NowMicros(), req->name);
+  return s;
+}
+
+}  // namespace kerasdist

@@ -1,0 +1,106 @@
+// The engine: one background thread per process that owns all
+// communication.
+//
+// Framework threads call Enqueue() with named collectives, in any order. The
+// engine thread sends what became ready here to the coordinator (rank 0),
+// which answers every rank with the same ordered list of responses once a
+// tensor has been submitted everywhere. Each rank then runs the collectives
+// in that order and calls each request's `done` with a Status. Because the
+// order is agreed, framework ops may be issued in different orders on
+// different ranks without deadlock or mismatched messages.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "collectives.h"
+#include "coordinator.h"
+#include "message.h"
+#include "timeline.h"
+#include "transport.h"
+
+namespace kerasdist {
+
+struct EngineConfig {
+  CoordinatorOptions coordinator;
+  CollectiveOptions collective;
+  std::string timeline_path;  // empty: no timeline (only rank 0 writes one)
+};
+
+// Allocates the output once its shape is known (allgather), on the engine
+// thread. Sets *data to the output buffer.
+using AllocateFn =
+    std::function<Status(const std::vector<int64_t>& shape, void** data)>;
+using DoneFn = std::function<void(const Status&)>;
+
+struct Request {
+  std::string name;
+  TensorMeta meta;
+  const void* input = nullptr;
+  void* output = nullptr;      // allreduce, broadcast: same size as input
+  AllocateFn allocate;         // allgather
+  int32_t* join_result = nullptr;  // join: receives the last rank to join
+  DoneFn done;
+  int64_t enqueue_us = 0;
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Transport> transport, const EngineConfig& config);
+  ~Engine();
+  void Start();
+  // Thread-safe. If the engine has stopped, `done` runs at once with the
+  // reason it stopped.
+  void Enqueue(Request request);
+  // Asks every rank to shut down and waits, bounded, for this engine thread.
+  void Shutdown();
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  void Loop();
+  void TakeNewRequests(RequestList* mine, bool* progressed);
+  bool Execute(const ResponseList& list, Status* exit_status);
+  Status RunResponse(const Response& resp, std::vector<Request*>& reqs);
+  Status RunAllreduce(const Response& resp, std::vector<Request*>& reqs);
+  Status RunAllgather(const Response& resp, Request* req);
+  Status RunBroadcast(const Response& resp, Request* req);
+  void SendControl(int peer, int tag, std::string bytes);
+  void FinishControlSends(int64_t timeout_ms);
+  void FailAll(const Status& status);
+  std::string Prefix() const;
+
+  std::unique_ptr<Transport> transport_;
+  EngineConfig config_;
+  const int rank_;
+  const int size_;
+  std::thread thread_;
+
+  // Shared with framework threads, guarded by mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Request> queue_;
+  bool shutdown_requested_ = false;
+  bool stopped_ = false;
+  Status final_status_;
+
+  // Engine-thread state.
+  std::unordered_map<std::string, Request> inflight_;
+  std::unordered_map<std::string, std::pair<int32_t, TensorMeta>> cache_;
+  std::vector<std::string> id_names_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::vector<char> fusion_buffer_;
+  std::vector<char> scratch_;
+  std::vector<std::pair<std::shared_ptr<std::string>, std::unique_ptr<Transfer>>>
+      control_sends_;
+  Timeline timeline_;
+  bool joined_ = false;
+};
+
+}  // namespace kerasdist

@@ -1,0 +1,172 @@
+#include "message.h"
+
+#include <cstring>
+#include <type_traits>
+
+namespace kerasdist {
+
+bool TensorMeta::operator==(const TensorMeta& o) const {
+  return type == o.type && dtype == o.dtype && reduce_op == o.reduce_op &&
+         root == o.root && prescale == o.prescale && postscale == o.postscale &&
+         shape == o.shape;
+}
+
+std::string TensorMeta::Describe() const {
+  std::string s = OpTypeName(type);
+  if (type == OpType::kAllreduce) s += std::string("(") + ReduceOpName(reduce_op) + ")";
+  if (type == OpType::kBroadcast) s += "(root " + std::to_string(root) + ")";
+  s += std::string(" ") + DataTypeName(dtype) + " " + ShapeString(shape);
+  if (prescale != 1.0 || postscale != 1.0)
+    s += " prescale=" + std::to_string(prescale) +
+         " postscale=" + std::to_string(postscale);
+  return s;
+}
+
+namespace {
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(T v) {
+    static_assert(std::is_trivially_copyable<T>::value, "POD only");
+    out_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  }
+  void PutString(const std::string& s) {
+    Put<uint32_t>(static_cast<uint32_t>(s.size()));
+    out_.append(s);
+  }
+  template <typename T>
+  void PutVector(const std::vector<T>& v) {
+    Put<uint32_t>(static_cast<uint32_t>(v.size()));
+    for (const T& x : v) Put<T>(x);
+  }
+  void PutMeta(const TensorMeta& m) {
+    Put(m.type); Put(m.dtype); Put(m.reduce_op); Put(m.root);
+    Put(m.prescale); Put(m.postscale); PutVector(m.shape);
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : p_(s.data()), end_(s.data() + s.size()) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (static_cast<size_t>(end_ - p_) < sizeof(T)) return false;
+    std::memcpy(v, p_, sizeof(T));
+    p_ += sizeof(T);
+    return true;
+  }
+  bool GetString(std::string* s) {
+    uint32_t n;
+    if (!Get(&n) || static_cast<size_t>(end_ - p_) < n) return false;
+    s->assign(p_, n);
+    p_ += n;
+    return true;
+  }
+  template <typename T>
+  bool GetVector(std::vector<T>* v) {
+    uint32_t n;
+    if (!Get(&n) || static_cast<size_t>(end_ - p_) / sizeof(T) < n) return false;
+    v->resize(n);
+    for (uint32_t i = 0; i < n; ++i)
+      if (!Get(&(*v)[i])) return false;
+    return true;
+  }
+  bool GetMeta(TensorMeta* m) {
+    return Get(&m->type) && Get(&m->dtype) && Get(&m->reduce_op) &&
+           Get(&m->root) && Get(&m->prescale) && Get(&m->postscale) &&
+           GetVector(&m->shape);
+  }
+  bool done() const { return p_ == end_; }
+
+ private:
+  const char* p_;
+  const char* end_;
+};
+
+constexpr uint32_t kRequestMagic = 0x4b445251;   // "KDRQ"
+constexpr uint32_t kResponseMagic = 0x4b445253;  // "KDRS"
+
+}  // namespace
+
+std::string Serialize(const RequestList& list) {
+  Writer w;
+  w.Put(kRequestMagic);
+  w.Put<uint8_t>(list.shutdown);
+  w.Put<uint32_t>(static_cast<uint32_t>(list.entries.size()));
+  for (const auto& e : list.entries) {
+    w.Put(e.id);
+    if (e.id < 0) {
+      w.PutString(e.name);
+      w.PutMeta(e.meta);
+    }
+  }
+  return w.Take();
+}
+
+bool Parse(const std::string& bytes, RequestList* list) {
+  Reader r(bytes);
+  uint32_t magic, n;
+  uint8_t shutdown;
+  if (!r.Get(&magic) || magic != kRequestMagic || !r.Get(&shutdown) || !r.Get(&n))
+    return false;
+  list->shutdown = shutdown != 0;
+  list->entries.resize(n);
+  for (auto& e : list->entries) {
+    if (!r.Get(&e.id)) return false;
+    if (e.id < 0 && !(r.GetString(&e.name) && r.GetMeta(&e.meta))) return false;
+  }
+  return r.done();
+}
+
+std::string Serialize(const ResponseList& list) {
+  Writer w;
+  w.Put(kResponseMagic);
+  w.Put<uint8_t>(list.shutdown);
+  w.Put<uint8_t>(list.abort);
+  w.PutString(list.message);
+  w.Put<uint32_t>(static_cast<uint32_t>(list.new_ids.size()));
+  for (const auto& p : list.new_ids) {
+    w.Put(p.first);
+    w.PutString(p.second);
+  }
+  w.Put<uint32_t>(static_cast<uint32_t>(list.responses.size()));
+  for (const auto& resp : list.responses) {
+    w.Put(resp.type); w.PutVector(resp.ids); w.Put(resp.dtype);
+    w.Put(resp.reduce_op); w.Put(resp.root); w.Put(resp.prescale);
+    w.Put(resp.postscale); w.PutVector(resp.rank_dim0); w.PutVector(resp.counts);
+    w.Put(resp.contributors); w.PutString(resp.error);
+  }
+  return w.Take();
+}
+
+bool Parse(const std::string& bytes, ResponseList* list) {
+  Reader r(bytes);
+  uint32_t magic, n;
+  uint8_t shutdown, abort;
+  if (!r.Get(&magic) || magic != kResponseMagic || !r.Get(&shutdown) ||
+      !r.Get(&abort) || !r.GetString(&list->message) || !r.Get(&n))
+    return false;
+  list->shutdown = shutdown != 0;
+  list->abort = abort != 0;
+  list->new_ids.resize(n);
+  for (auto& p : list->new_ids)
+    if (!r.Get(&p.first) || !r.GetString(&p.second)) return false;
+  if (!r.Get(&n)) return false;
+  list->responses.resize(n);
+  for (auto& resp : list->responses) {
+    if (!(r.Get(&resp.type) && r.GetVector(&resp.ids) && r.Get(&resp.dtype) &&
+          r.Get(&resp.reduce_op) && r.Get(&resp.root) && r.Get(&resp.prescale) &&
+          r.Get(&resp.postscale) && r.GetVector(&resp.rank_dim0) &&
+          r.GetVector(&resp.counts) && r.Get(&resp.contributors) &&
+          r.GetString(&resp.error)))
+      return false;
+  }
+  return r.done();
+}
+
+}  // namespace kerasdist

@@ -1,0 +1,78 @@
+// Control-plane messages between the ranks and the coordinator (rank 0).
+//
+// A worker sends a RequestList with the collectives that became ready on it;
+// the coordinator answers every worker with the same ResponseList, and all
+// ranks execute its responses in order. Tensors are referred to by a numeric
+// id once the coordinator has announced it (the response cache): a request
+// whose metadata has not changed since the last successful run sends only
+// its id.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace kerasdist {
+
+// What one rank says about one named collective.
+struct TensorMeta {
+  OpType type = OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> shape;
+
+  bool operator==(const TensorMeta& o) const;
+  bool operator!=(const TensorMeta& o) const { return !(*this == o); }
+  // e.g. "allreduce(sum) float32 [2, 3]"
+  std::string Describe() const;
+};
+
+struct RequestEntry {
+  int32_t id = -1;     // >= 0: metadata is the cached one for this id
+  std::string name;    // set when id < 0
+  TensorMeta meta;     // set when id < 0
+};
+
+struct RequestList {
+  std::vector<RequestEntry> entries;
+  bool shutdown = false;  // this rank asks the job to shut down
+};
+
+struct Response {
+  OpType type = OpType::kAllreduce;  // kBarrier doubles as "complete only"
+  std::vector<int32_t> ids;          // tensors, fused in this order
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> rank_dim0;    // allgather: first dimension per rank
+  // Per id: element count (allreduce, broadcast) or elements per row
+  // (allgather). Lets a rank that has joined take part without the tensor.
+  std::vector<int64_t> counts;
+  int32_t contributors = 0;          // ranks that submitted (for averages)
+  std::string error;                 // non-empty: fail these tensors
+};
+
+struct ResponseList {
+  std::vector<std::pair<int32_t, std::string>> new_ids;  // id -> name
+  std::vector<Response> responses;
+  bool shutdown = false;
+  bool abort = false;
+  std::string message;  // why the job shuts down or aborts
+  bool empty() const {
+    return new_ids.empty() && responses.empty() && !shutdown && !abort;
+  }
+};
+
+std::string Serialize(const RequestList& list);
+std::string Serialize(const ResponseList& list);
+bool Parse(const std::string& bytes, RequestList* list);
+bool Parse(const std::string& bytes, ResponseList* list);
+
+}  // namespace kerasdist

@@ -1,0 +1,39 @@
+// Transport over MPI point-to-point on a private duplicate of a communicator.
+//
+// mpi4py owns MPI_Init/MPI_Finalize. The engine duplicates the communicator it
+// is given (non-blocking, with a bound, so a rank that never calls init()
+// cannot hang the others) and only the engine thread uses the duplicate.
+#pragma once
+
+#include <mpi.h>
+
+#include "transport.h"
+
+namespace kerasdist {
+
+class MpiTransport : public Transport {
+ public:
+  // Duplicates `comm`. Fails with kTimeout if the other ranks do not join
+  // within `timeout_ms`.
+  static Status Create(MPI_Comm comm, int64_t timeout_ms,
+                       std::unique_ptr<MpiTransport>* out);
+  ~MpiTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::unique_ptr<Transfer> Isend(int peer, int tag, const void* buf,
+                                  size_t bytes) override;
+  std::unique_ptr<Transfer> Irecv(int peer, int tag, void* buf,
+                                  size_t bytes) override;
+  bool Probe(int tag, int* peer, size_t* bytes) override;
+  Status RecvProbed(int peer, int tag, void* buf, size_t bytes) override;
+  std::string Name() const override;
+
+ private:
+  explicit MpiTransport(MPI_Comm comm);
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace kerasdist

@@ -1,0 +1,132 @@
+#include "ring_pass.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "reduce.h"
+
+namespace kerasdist {
+
+namespace {
+
+struct SegmentRecv {
+  int step;
+  int chunk;
+  size_t offset;  // bytes from the buffer start
+  size_t bytes;
+};
+
+Status WaitAll(std::vector<std::unique_ptr<Transfer>>* transfers,
+               int64_t timeout_ms) {
+  for (auto& t : *transfers) {
+    Status s = WaitTransfer(t.get(), timeout_ms);
+    if (!s.ok()) return s;
+  }
+  transfers->clear();
+  return Status::OK();
+}
+
+}  // namespace
+
+Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
+                   const std::vector<RingStep>& steps, DataType dtype,
+                   ReduceOp op, const CollectiveOptions& options,
+                   std::vector<char>* scratch, int64_t* phase_switch_time) {
+  const int n = transport->size();
+  if (n == 1 || steps.empty()) return Status::OK();
+  const int right = (transport->rank() + 1) % n;
+  const int left = (transport->rank() + n - 1) % n;
+  const size_t elem = layout.element_bytes;
+  const size_t seg_bytes =
+      std::max(elem, options.segment_bytes / elem * elem);
+  const int window = std::max(1, options.segments_in_flight);
+
+  // Every segment this rank will receive, in arrival order.
+  std::vector<SegmentRecv> recvs;
+  bool any_reduce = false;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const int c = steps[s].recv_chunk;
+    any_reduce |= steps[s].reduce;
+    for (size_t off = 0; off < layout.chunk_bytes[c]; off += seg_bytes) {
+      recvs.push_back({static_cast<int>(s), c, layout.chunk_offset[c] + off,
+                       std::min(seg_bytes, layout.chunk_bytes[c] - off)});
+    }
+  }
+  if (any_reduce && scratch->size() < seg_bytes * window) {
+    scratch->resize(seg_bytes * window);
+  }
+
+  std::vector<std::vector<std::unique_ptr<Transfer>>> sends(n);
+  std::vector<std::unique_ptr<Transfer>> inflight(window);
+  auto cancel_all = [&]() {
+    for (auto& t : inflight)
+      if (t) t->Cancel();
+  };
+
+  // Step 0 sends this rank's own chunk; later sends forward received data.
+  const int first = steps[0].send_chunk;
+  for (size_t off = 0; off < layout.chunk_bytes[first]; off += seg_bytes) {
+    sends[first].push_back(transport->Isend(
+        right, kTagData, buf + layout.chunk_offset[first] + off,
+        std::min(seg_bytes, layout.chunk_bytes[first] - off)));
+  }
+
+  auto post_recv = [&](size_t k) -> Status {
+    const SegmentRecv& e = recvs[k];
+    char* dest;
+    if (steps[e.step].reduce) {
+      dest = scratch->data() + (k % window) * seg_bytes;
+    } else {
+      // Receiving in place: earlier sends out of this chunk must be done.
+      Status s = WaitAll(&sends[e.chunk], options.timeout_ms);
+      if (!s.ok()) return s;
+      dest = buf + e.offset;
+    }
+    inflight[k % window] = transport->Irecv(left, kTagData, dest, e.bytes);
+    return Status::OK();
+  };
+
+  for (size_t k = 0; k < recvs.size() && k < static_cast<size_t>(window); ++k) {
+    Status s = post_recv(k);
+    if (!s.ok()) {
+      cancel_all();
+      return s;
+    }
+  }
+  bool switched = false;
+  for (size_t k = 0; k < recvs.size(); ++k) {
+    const SegmentRecv& e = recvs[k];
+    Status s = WaitTransfer(inflight[k % window].get(), options.timeout_ms);
+    if (!s.ok()) {
+      cancel_all();
+      return s;
+    }
+    inflight[k % window].reset();
+    if (steps[e.step].reduce) {
+      ReduceInto(buf + e.offset, scratch->data() + (k % window) * seg_bytes,
+                 e.bytes / elem, dtype, op);
+    } else if (!switched) {
+      switched = true;
+      if (phase_switch_time) *phase_switch_time = NowMicros();
+    }
+    if (static_cast<size_t>(e.step) + 1 < steps.size()) {
+      sends[e.chunk].push_back(
+          transport->Isend(right, kTagData, buf + e.offset, e.bytes));
+    }
+    if (k + window < recvs.size()) {
+      s = post_recv(k + window);
+      if (!s.ok()) {
+        cancel_all();
+        return s;
+      }
+    }
+  }
+  for (auto& chunk_sends : sends) {
+    Status s = WaitAll(&chunk_sends, options.timeout_ms);
+    if (!s.ok()) return s;
+  }
+  if (!switched && phase_switch_time) *phase_switch_time = NowMicros();
+  return Status::OK();
+}
+
+}  // namespace kerasdist

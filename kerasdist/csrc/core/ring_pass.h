@@ -1,0 +1,32 @@
+// Internal: the segmented, pipelined ring pass shared by ring allreduce and
+// ring allgather. A pass is a list of steps; at step s each rank sends chunk
+// send_chunk(s) to its right neighbour and receives chunk recv_chunk(s) from
+// its left one, reducing it into place (reduce-scatter steps) or storing it
+// (allgather steps). The chunk received at step s is the one sent at step s+1,
+// so each segment is forwarded as soon as it has arrived.
+#pragma once
+
+#include <vector>
+
+#include "collectives.h"
+
+namespace kerasdist {
+
+struct RingStep {
+  int send_chunk;
+  int recv_chunk;
+  bool reduce;
+};
+
+struct RingLayout {
+  std::vector<size_t> chunk_offset;  // bytes from the buffer start
+  std::vector<size_t> chunk_bytes;
+  size_t element_bytes = 1;          // segments never split an element
+};
+
+Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
+                   const std::vector<RingStep>& steps, DataType dtype,
+                   ReduceOp op, const CollectiveOptions& options,
+                   std::vector<char>* scratch, int64_t* phase_switch_time);
+
+}  // namespace kerasdist

@@ -1,0 +1,35 @@
+// Chrome-trace ("Trace Event Format") writer for the engine's activity:
+// negotiation per tensor, fusion-buffer copies and the ring's phases. The
+// file opens in Perfetto or chrome://tracing. Only the engine thread writes.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace kerasdist {
+
+enum TimelineRow : int {
+  kRowNegotiation = 1,
+  kRowCopies = 2,
+  kRowCollective = 3,
+};
+
+class Timeline {
+ public:
+  ~Timeline() { Close(); }
+  // Opens `path` for writing; returns false (and stays disabled) on failure.
+  bool Open(const std::string& path, int rank);
+  bool enabled() const { return file_ != nullptr; }
+  // A complete event from start_us to end_us (NowMicros() clock).
+  void Event(const std::string& name, int row, int64_t start_us,
+             int64_t end_us, const std::string& tensors);
+  void Close();
+
+ private:
+  std::FILE* file_ = nullptr;
+  int rank_ = 0;
+  int64_t origin_us_ = 0;
+};
+
+}  // namespace kerasdist

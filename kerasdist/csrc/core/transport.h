@@ -1,0 +1,74 @@
+// Point-to-point transport used by the collective algorithms.
+//
+// Vocabulary: a *transfer* is one in-flight send or receive of a contiguous
+// byte range with one peer. Transfers between a pair of ranks with the same
+// tag are matched in posting order (MPI's non-overtaking rule), so both sides
+// must post the same sequence of sizes. Algorithms only see this interface;
+// they never touch the transport's internals.
+//
+// Thread contract: one thread (the engine thread) calls every method.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common.h"
+
+namespace kerasdist {
+
+// Tags separate the control plane from the data plane.
+enum Tag : int {
+  kTagRequest = 1,   // worker -> coordinator request lists
+  kTagResponse = 2,  // coordinator -> worker response lists
+  kTagData = 3,      // collective payloads
+};
+
+class Transfer {
+ public:
+  Transfer(int peer, size_t bytes, bool is_send)
+      : peer_(peer), bytes_(bytes), is_send_(is_send) {}
+  virtual ~Transfer() = default;
+  // Drives progress; returns true once the transfer has completed.
+  virtual bool Test() = 0;
+  // Best effort cancellation after a failure; the buffer must stay alive.
+  virtual void Cancel() = 0;
+  int peer() const { return peer_; }
+  size_t bytes() const { return bytes_; }
+  bool is_send() const { return is_send_; }
+
+ private:
+  int peer_;
+  size_t bytes_;
+  bool is_send_;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::unique_ptr<Transfer> Isend(int peer, int tag, const void* buf,
+                                          size_t bytes) = 0;
+  virtual std::unique_ptr<Transfer> Irecv(int peer, int tag, void* buf,
+                                          size_t bytes) = 0;
+  // Non-blocking probe for a message with `tag` from any peer. On success
+  // sets *peer and *bytes and returns true.
+  virtual bool Probe(int tag, int* peer, size_t* bytes) = 0;
+  // Receives a message that Probe reported (it has already arrived).
+  virtual Status RecvProbed(int peer, int tag, void* buf, size_t bytes) = 0;
+  virtual std::string Name() const = 0;
+};
+
+// Waits for `t` with a bound. Spins briefly, then backs off with short
+// sleeps. On timeout cancels the transfer and returns kTimeout with a message
+// such as "timed out after 60000 ms receiving 4194304 bytes from rank 0".
+Status WaitTransfer(Transfer* t, int64_t timeout_ms);
+
+// Monotonic clock in microseconds.
+int64_t NowMicros();
+
+// Sleeps for `us` microseconds; used by the polling loops.
+void SleepMicros(int64_t us);
+
+}  // namespace kerasdist

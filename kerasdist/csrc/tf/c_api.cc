@@ -1,0 +1,94 @@
+// C entry points called from Python (kerasdist/runtime.py) through ctypes on
+// the same shared library that TensorFlow loaded the ops from.
+#include <cstring>
+#include <mutex>
+
+#include "binding.h"
+
+namespace kerasdist {
+
+namespace {
+std::mutex g_mu;
+std::shared_ptr<Context>* g_context = new std::shared_ptr<Context>();  // never freed
+}  // namespace
+
+std::shared_ptr<Context> CurrentContext() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return *g_context;
+}
+
+}  // namespace kerasdist
+
+using kerasdist::Context;
+using kerasdist::EngineConfig;
+
+extern "C" {
+
+// Returns 0 on success; otherwise writes a message into err.
+int kerasdist_init(int fortran_comm, long long fusion_threshold,
+                   long long cycle_time_us, long long stall_warning_us,
+                   long long stall_shutdown_us, long long timeout_ms,
+                   long long init_timeout_ms, long long segment_bytes,
+                   const char* timeline_path, char* err, int err_len) {
+  std::lock_guard<std::mutex> lock(kerasdist::g_mu);
+  if (*kerasdist::g_context) return 0;  // init() twice is harmless
+  EngineConfig config;
+  config.coordinator.fusion_threshold_bytes = fusion_threshold;
+  config.coordinator.cycle_time_us = cycle_time_us;
+  config.coordinator.stall_warning_us = stall_warning_us;
+  config.coordinator.stall_shutdown_us = stall_shutdown_us;
+  config.collective.timeout_ms = timeout_ms;
+  if (segment_bytes > 0) config.collective.segment_bytes = segment_bytes;
+  config.timeline_path = timeline_path ? timeline_path : "";
+  std::unique_ptr<Context> ctx;
+  kerasdist::Status s =
+      Context::Create(MPI_Comm_f2c(fortran_comm), config, init_timeout_ms, &ctx);
+  if (!s.ok()) {
+    std::strncpy(err, s.message().c_str(), err_len - 1);
+    err[err_len - 1] = '\0';
+    return 1;
+  }
+  *kerasdist::g_context = std::shared_ptr<Context>(std::move(ctx));
+  return 0;
+}
+
+int kerasdist_shutdown() {
+  std::shared_ptr<Context> ctx;
+  {
+    std::lock_guard<std::mutex> lock(kerasdist::g_mu);
+    ctx.swap(*kerasdist::g_context);
+  }
+  // Kernels still running hold their own reference; the engine stops when
+  // the last one is released. Shut it down now so that no rank waits on us.
+  if (ctx) ctx->engine()->Shutdown();
+  return 0;
+}
+
+int kerasdist_is_initialized() { return kerasdist::CurrentContext() ? 1 : 0; }
+
+int kerasdist_rank() {
+  auto ctx = kerasdist::CurrentContext();
+  return ctx ? ctx->rank() : -1;
+}
+
+int kerasdist_size() {
+  auto ctx = kerasdist::CurrentContext();
+  return ctx ? ctx->size() : -1;
+}
+
+#ifndef KERASDIST_TF_VERSION
+#define KERASDIST_TF_VERSION "unknown"
+#endif
+// The TensorFlow version the library was compiled against (set by setup.py).
+const char* kerasdist_built_tf_version() { return KERASDIST_TF_VERSION; }
+
+// Writes the transport's description (e.g. the MPI library) into buf.
+int kerasdist_transport_name(char* buf, int len) {
+  auto ctx = kerasdist::CurrentContext();
+  std::string name = ctx ? ctx->transport_name() : "";
+  std::strncpy(buf, name.c_str(), len - 1);
+  buf[len - 1] = '\0';
+  return ctx ? 0 : 1;
+}
+
+}  // extern "C"

@@ -1,0 +1,266 @@
+// TensorFlow custom ops for the kerasdist collectives. Each kernel is an
+// AsyncOpKernel that hands a Request to the engine and returns; the engine
+// thread calls done() once the collective has run on every rank.
+#include "binding.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace kerasdist {
+namespace {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+namespace errors = tensorflow::errors;
+
+bool ToDataType(tensorflow::DataType dt, DataType* out) {
+  switch (dt) {
+    case tensorflow::DT_HALF: *out = DataType::kFloat16; return true;
+    case tensorflow::DT_BFLOAT16: *out = DataType::kBFloat16; return true;
+    case tensorflow::DT_FLOAT: *out = DataType::kFloat32; return true;
+    case tensorflow::DT_DOUBLE: *out = DataType::kFloat64; return true;
+    case tensorflow::DT_INT32: *out = DataType::kInt32; return true;
+    case tensorflow::DT_INT64: *out = DataType::kInt64; return true;
+    case tensorflow::DT_UINT8: *out = DataType::kUInt8; return true;
+    case tensorflow::DT_INT8: *out = DataType::kInt8; return true;
+    default: return false;
+  }
+}
+
+tensorflow::Status ToTfStatus(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk: return tensorflow::Status();
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kMismatch: return errors::InvalidArgument(s.message());
+    case StatusCode::kTimeout: return errors::Unavailable(s.message());
+    case StatusCode::kAborted: return errors::Aborted(s.message());
+    case StatusCode::kShutdown: return errors::FailedPrecondition(s.message());
+    case StatusCode::kInternal: return errors::Internal(s.message());
+  }
+  return errors::Unknown(s.message());
+}
+
+std::vector<int64_t> Dims(const TensorShape& shape) {
+  std::vector<int64_t> dims;
+  for (int i = 0; i < shape.dims(); ++i) dims.push_back(shape.dim_size(i));
+  return dims;
+}
+
+// Shared plumbing: context lookup, naming, completion.
+class CollectiveKernel : public AsyncOpKernel {
+ public:
+  explicit CollectiveKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+  }
+
+ protected:
+  // Returns the live engine, or sets an error on ctx and returns null.
+  std::shared_ptr<Context> Live(OpKernelContext* ctx) {
+    auto c = CurrentContext();
+    if (!c) {
+      ctx->SetStatus(errors::FailedPrecondition(
+          "kerasdist is not initialized. Call `kerasdist.init()` first."));
+    }
+    return c;
+  }
+  Request NewRequest(OpKernelContext* ctx, DoneCallback done, OpType type) {
+    Request r;
+    r.name = tensor_name_.empty() ? name() : tensor_name_;
+    r.meta.type = type;
+    r.done = [ctx, done](const Status& s) {
+      if (!s.ok()) ctx->SetStatus(ToTfStatus(s));
+      done();
+    };
+    return r;
+  }
+  bool InputMeta(OpKernelContext* ctx, TensorMeta* meta) {
+    const Tensor& in = ctx->input(0);
+    if (!ToDataType(in.dtype(), &meta->dtype)) {
+      ctx->SetStatus(errors::InvalidArgument(
+          "Unsupported dtype for a kerasdist collective: ",
+          tensorflow::DataTypeString(in.dtype())));
+      return false;
+    }
+    meta->shape = Dims(in.shape());
+    return true;
+  }
+
+  std::string tensor_name_;
+};
+
+class AllreduceOp : public CollectiveKernel {
+ public:
+  explicit AllreduceOp(OpKernelConstruction* c) : CollectiveKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
+    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
+    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
+    OP_REQUIRES(c, reduce_op_ >= 0 && reduce_op_ <= 4,
+                errors::InvalidArgument("Invalid reduce_op ", reduce_op_));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto live = Live(ctx);
+    if (!live) return done();
+    Request r = NewRequest(ctx, done, OpType::kAllreduce);
+    if (!InputMeta(ctx, &r.meta)) return done();
+    r.meta.reduce_op = static_cast<ReduceOp>(reduce_op_);
+    r.meta.prescale = prescale_;
+    r.meta.postscale = postscale_;
+    const Tensor& in = ctx->input(0);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(
+        ctx, ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out), done);
+    r.input = in.tensor_data().data();
+    r.output = const_cast<char*>(out->tensor_data().data());
+    live->engine()->Enqueue(std::move(r));
+  }
+
+ private:
+  int reduce_op_;
+  float prescale_, postscale_;
+};
+
+class AllgatherOp : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto live = Live(ctx);
+    if (!live) return done();
+    const Tensor& in = ctx->input(0);
+    OP_REQUIRES_ASYNC(ctx, in.dims() >= 1,
+                      errors::InvalidArgument(
+                          "allgather requires a tensor with at least one "
+                          "dimension. Received a scalar; reshape it to [1]."),
+                      done);
+    Request r = NewRequest(ctx, done, OpType::kAllgather);
+    if (!InputMeta(ctx, &r.meta)) return done();
+    r.input = in.tensor_data().data();
+    r.allocate = [ctx](const std::vector<int64_t>& shape, void** data) {
+      TensorShape ts;
+      for (int64_t d : shape) ts.AddDim(d);
+      Tensor* out = nullptr;
+      tensorflow::Status s = ctx->allocate_output(0, ts, &out);
+      if (!s.ok()) return Status(StatusCode::kInternal, std::string(s.message()));
+      *data = const_cast<char*>(out->tensor_data().data());
+      return Status::OK();
+    };
+    live->engine()->Enqueue(std::move(r));
+  }
+};
+
+class BroadcastOp : public CollectiveKernel {
+ public:
+  explicit BroadcastOp(OpKernelConstruction* c) : CollectiveKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto live = Live(ctx);
+    if (!live) return done();
+    Request r = NewRequest(ctx, done, OpType::kBroadcast);
+    if (!InputMeta(ctx, &r.meta)) return done();
+    r.meta.root = root_;
+    const Tensor& in = ctx->input(0);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(
+        ctx, ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out), done);
+    r.input = in.tensor_data().data();
+    r.output = const_cast<char*>(out->tensor_data().data());
+    live->engine()->Enqueue(std::move(r));
+  }
+
+ private:
+  int root_;
+};
+
+// Barrier and join carry no data: agreement among the ranks is the result.
+class BarrierOp : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto live = Live(ctx);
+    if (!live) return done();
+    Request r = NewRequest(ctx, done, OpType::kBarrier);
+    live->engine()->Enqueue(std::move(r));
+  }
+};
+
+class JoinOp : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto live = Live(ctx);
+    if (!live) return done();
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
+    Request r = NewRequest(ctx, done, OpType::kJoin);
+    r.name = "__kerasdist_join__";
+    r.join_result = out->scalar<int32_t>().data();
+    live->engine()->Enqueue(std::move(r));
+  }
+};
+
+}  // namespace
+
+// The data collectives are not marked stateful: tf.function's automatic
+// control dependencies would otherwise serialize them in program order, and
+// two ranks that build them in different orders would wait on each other.
+// The engine matches them by name, so any execution order is safe.
+#define KD_TYPES "T: {half, bfloat16, float, double, int32, int64, uint8, int8}"
+
+REGISTER_OP("KerasdistAllreduce")
+    .Attr(KD_TYPES)
+    .Attr("reduce_op: int")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    .Attr("tensor_name: string = ''")
+    .Input("tensor: T")
+    .Output("output: T")
+        .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
+    .Doc("Reduces a tensor across all kerasdist ranks (ring allreduce).");
+
+REGISTER_OP("KerasdistAllgather")
+    .Attr(KD_TYPES)
+    .Attr("tensor_name: string = ''")
+    .Input("tensor: T")
+    .Output("output: T")
+        .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle in, out;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &in));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(in, 0, c->UnknownDim(), &out));
+      c->set_output(0, out);
+      return tensorflow::Status();
+    })
+    .Doc("Concatenates tensors from all ranks along the first dimension.");
+
+REGISTER_OP("KerasdistBroadcast")
+    .Attr(KD_TYPES)
+    .Attr("root_rank: int")
+    .Attr("tensor_name: string = ''")
+    .Input("tensor: T")
+    .Output("output: T")
+        .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
+    .Doc("Broadcasts a tensor from root_rank to all ranks.");
+
+REGISTER_OP("KerasdistBarrier")
+    .Attr("tensor_name: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Blocks until every rank has reached the barrier.");
+
+REGISTER_OP("KerasdistJoin")
+    .Attr("tensor_name: string = ''")
+    .Output("last_joined_rank: int32")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Marks this rank as out of data; returns when all ranks have joined.");
+
+REGISTER_KERNEL_BUILDER(Name("KerasdistAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
+REGISTER_KERNEL_BUILDER(Name("KerasdistAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
+REGISTER_KERNEL_BUILDER(Name("KerasdistBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
+REGISTER_KERNEL_BUILDER(Name("KerasdistBarrier").Device(tensorflow::DEVICE_CPU), BarrierOp);
+REGISTER_KERNEL_BUILDER(Name("KerasdistJoin").Device(tensorflow::DEVICE_CPU), JoinOp);
+
+}  // namespace kerasdist

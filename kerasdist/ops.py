@@ -1,0 +1,266 @@
+"""Collective operations on tensors, backed by the kerasdist engine.
+
+Every collective is a TensorFlow op that works eagerly and inside
+`tf.function`. Collectives are matched across ranks by name: give the same
+`name` on every rank, or leave it `None` and issue the same sequence of calls
+on every rank (eager) or build the same graph (`tf.function`, where the op's
+node name is used).
+"""
+
+import tensorflow as tf
+
+from kerasdist.compression import Compression
+from kerasdist.runtime import check_initialized, context
+
+Average = 0
+Sum = 1
+Min = 2
+Max = 3
+Product = 4
+_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
+
+SUPPORTED_DTYPES = (
+    tf.float16, tf.bfloat16, tf.float32, tf.float64,
+    tf.int32, tf.int64, tf.uint8, tf.int8,
+)
+
+
+def _check_op(op):
+    if op not in _OP_NAMES:
+        raise ValueError(
+            "Invalid value for argument `op`. Expected one of kerasdist.Average, "
+            "Sum, Min, Max, Product (0-4). Received: op=" + repr(op)
+        )
+
+
+def _check_dtype(tensor, what):
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"Unsupported dtype for `{what}`. Expected one of "
+            + ", ".join(d.name for d in SUPPORTED_DTYPES)
+            + f". Received: dtype={tensor.dtype.name}"
+        )
+
+
+def _tensor_name(kind, name):
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(
+                "Invalid value for argument `name`. Expected a non-empty "
+                f"string or None. Received: name={name!r}"
+            )
+        return name
+    if tf.executing_eagerly():
+        return context.next_name(kind)
+    return ""  # inside a graph: the kernel uses the op's node name
+
+
+def _derived(name, suffix):
+    return f"{name}.{suffix}" if name else None
+
+
+def allreduce(
+    tensor,
+    op=Average,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    compression=Compression.none,
+    sparse_as_dense=False,
+):
+    """Reduces a tensor over all ranks; every rank receives the result.
+
+    Args:
+        tensor: A tensor (or `tf.IndexedSlices`) of a supported dtype.
+        op: `kerasdist.Average`, `Sum`, `Min`, `Max` or `Product`. Defaults
+            to `Average`. Integer averages truncate toward zero.
+        name: Name that matches this collective across ranks. Defaults to
+            `None` (derived from call order or the graph node name).
+        prescale_factor: Multiplies the input before the reduction.
+            Defaults to 1.0.
+        postscale_factor: Multiplies the result after the reduction.
+            Defaults to 1.0.
+        compression: `Compression.none`, `fp16` or `bf16`, applied to the wire
+            only. Defaults to `Compression.none`.
+        sparse_as_dense: For `tf.IndexedSlices`, densify and allreduce instead
+            of allgathering values and indices. Defaults to False.
+
+    Returns:
+        A tensor with the same shape and dtype as `tensor`.
+
+    Raises:
+        RuntimeError: If kerasdist is not initialized.
+        ValueError: For an invalid `op`; at run time for tensors whose dtype,
+            shape or op differ across ranks (`tf.errors.InvalidArgumentError`).
+        TypeError: For an unsupported dtype.
+
+    Example:
+
+    >>> kerasdist.allreduce(tf.constant([1.0, 2.0]), op=kerasdist.Sum)
+    """
+    check_initialized()
+    _check_op(op)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_sparse(tensor, op, name, sparse_as_dense, compression)
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, "allreduce")
+    wire, ctx = compression.compress(tensor)
+    out = context.ops.kerasdist_allreduce(
+        wire,
+        reduce_op=op,
+        prescale_factor=float(prescale_factor),
+        postscale_factor=float(postscale_factor),
+        tensor_name=_tensor_name("allreduce", name),
+    )
+    return compression.decompress(out, ctx)
+
+
+def _allreduce_sparse(slices, op, name, sparse_as_dense, compression):
+    if sparse_as_dense:
+        return allreduce(tf.convert_to_tensor(slices), op, name, compression=compression)
+    if op not in (Average, Sum):
+        raise ValueError(
+            "Invalid value for argument `op` with tf.IndexedSlices. Expected "
+            f"Average or Sum. Received: op={_OP_NAMES[op]}. Pass "
+            "`sparse_as_dense=True` to reduce densely."
+        )
+    values = allgather(slices.values, name=_derived(name, "values"))
+    indices = allgather(slices.indices, name=_derived(name, "indices"))
+    if op == Average:
+        values = values / tf.cast(context.size, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
+                      postscale_factor=1.0, compression=Compression.none):
+    """Allreduces a list of tensors; the engine fuses them into few transfers.
+
+    Args:
+        tensors: A list of tensors.
+        op, prescale_factor, postscale_factor, compression: As in `allreduce`.
+        name: Prefix for the tensors' names; tensor i is `"{name}.{i}"`.
+            Defaults to `None`.
+
+    Returns:
+        A list of reduced tensors, in the order of `tensors`.
+    """
+    return [
+        allreduce(t, op, _derived(name, i), prescale_factor, postscale_factor,
+                  compression)
+        for i, t in enumerate(tensors)
+    ]
+
+
+def allgather(tensor, name=None):
+    """Concatenates each rank's tensor along the first dimension.
+
+    The first dimension may differ between ranks; the other dimensions and
+    the dtype must agree.
+
+    Args:
+        tensor: A tensor with at least one dimension.
+        name: Name that matches this collective across ranks. Defaults to
+            `None`.
+
+    Returns:
+        A tensor whose first dimension is the sum over ranks.
+    """
+    check_initialized()
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, "allgather")
+    if tensor.shape.rank == 0:
+        raise ValueError(
+            "allgather requires a tensor with at least one dimension. "
+            "Received a scalar; reshape it to [1] first."
+        )
+    return context.ops.kerasdist_allgather(
+        tensor, tensor_name=_tensor_name("allgather", name)
+    )
+
+
+def broadcast(tensor, root_rank, name=None):
+    """Returns `root_rank`'s value of `tensor` on every rank.
+
+    Args:
+        tensor: A tensor of the same shape and dtype on every rank.
+        root_rank: The rank whose value is sent.
+        name: Name that matches this collective across ranks. Defaults to
+            `None`.
+
+    Returns:
+        A tensor equal to the root's `tensor`.
+    """
+    check_initialized()
+    if not isinstance(root_rank, int) or not 0 <= root_rank < context.size:
+        raise ValueError(
+            "Invalid value for argument `root_rank`. Expected an integer in "
+            f"[0, {context.size}). Received: root_rank={root_rank!r}"
+        )
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, "broadcast")
+    return context.ops.kerasdist_broadcast(
+        tensor, root_rank=root_rank, tensor_name=_tensor_name("broadcast", name)
+    )
+
+
+def barrier(name=None):
+    """Blocks until every rank has called `barrier()`."""
+    check_initialized()
+    context.ops.kerasdist_barrier(tensor_name=_tensor_name("barrier", name))
+
+
+def join():
+    """Declares that this rank has run out of data.
+
+    Until every rank has joined, this rank takes part in the other ranks'
+    collectives with zeros and is left out of their averages.
+
+    Returns:
+        The rank that joined last, as an int (a tensor inside `tf.function`).
+    """
+    check_initialized()
+    out = context.ops.kerasdist_join(tensor_name="join")
+    return int(out) if tf.executing_eagerly() else out
+
+
+# Gradients. The convention is that of the sum of all ranks' losses, which
+# for allreduce(Average) gives Horovod's averaged gradients.
+
+
+def _grad_name(op, suffix):
+    base = op.get_attr("tensor_name")
+    if isinstance(base, bytes):
+        base = base.decode()
+    return f"{base}.{suffix}" if base else None
+
+
+@tf.RegisterGradient("KerasdistAllreduce")
+def _allreduce_grad(op, grad):
+    reduce_op = op.get_attr("reduce_op")
+    if reduce_op not in (Average, Sum):
+        raise ValueError(
+            "allreduce is differentiable only for op=Average or op=Sum. "
+            f"Received: op={_OP_NAMES.get(reduce_op, reduce_op)}"
+        )
+    return allreduce(
+        grad,
+        op=reduce_op,
+        name=_grad_name(op, "grad"),
+        prescale_factor=op.get_attr("prescale_factor"),
+        postscale_factor=op.get_attr("postscale_factor"),
+    )
+
+
+@tf.RegisterGradient("KerasdistAllgather")
+def _allgather_grad(op, grad):
+    grad = allreduce(grad, op=Sum, name=_grad_name(op, "grad"))
+    dim0 = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
+    sizes = allgather(dim0, name=_grad_name(op, "grad_sizes"))
+    return tf.split(grad, sizes, num=context.size, axis=0)[context.rank]
+
+
+@tf.RegisterGradient("KerasdistBroadcast")
+def _broadcast_grad(op, grad):
+    root = op.get_attr("root_rank")
+    grad = allreduce(grad, op=Sum, name=_grad_name(op, "grad"))
+    return grad if context.rank == root else tf.zeros_like(grad)

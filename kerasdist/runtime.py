@@ -1,0 +1,265 @@
+"""Process runtime: `init()`, `shutdown()`, and the rank/size queries.
+
+All state lives in one explicit `Context` object (`runtime.context`). The C++
+engine behind it keeps its own single Context, created by `init()`.
+"""
+
+import atexit
+import ctypes
+import os
+
+import tensorflow as tf
+
+from kerasdist import _library
+
+_MIB = 1024 * 1024
+
+
+class Context:
+    """The Python side of kerasdist's process state."""
+
+    def __init__(self):
+        self.ops, self.lib, self.library_path = _library.load()
+        self.initialized = False
+        self.comm = None
+        self.rank = self.size = None
+        self.local_rank = self.local_size = None
+        self.cross_rank = self.cross_size = None
+        self.config = None
+        self.name_counters = {}
+        self.atexit_registered = False
+
+    def next_name(self, kind):
+        """A name for an unnamed eager collective; equal across ranks that
+        issue the same sequence of calls."""
+        n = self.name_counters.get(kind, 0)
+        self.name_counters[kind] = n + 1
+        return f"{kind}.noname.{n}"
+
+
+context = Context()
+
+
+def _env_number(name, default, kind=float, minimum=0):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        expected = "an integer" if kind is int else "a number"
+        raise ValueError(
+            f"Invalid value for environment variable {name}. Expected "
+            f"{expected} >= {minimum}. Received: {name}={raw!r}"
+        )
+    return value
+
+
+def read_config():
+    """Reads the `KERASDIST_*` environment variables into a dict."""
+    return {
+        "fusion_threshold": _env_number(
+            "KERASDIST_FUSION_THRESHOLD", 64 * _MIB, int
+        ),
+        "cycle_time_ms": _env_number("KERASDIST_CYCLE_TIME", 1.0),
+        "stall_check_s": _env_number("KERASDIST_STALL_CHECK_TIME_SECONDS", 60.0),
+        "stall_shutdown_s": _env_number(
+            "KERASDIST_STALL_SHUTDOWN_TIME_SECONDS", 0.0
+        ),
+        "timeout_s": _env_number("KERASDIST_TIMEOUT_SECONDS", 60.0, minimum=0.001),
+        "init_timeout_s": _env_number(
+            "KERASDIST_INIT_TIMEOUT_SECONDS", 300.0, minimum=0.001
+        ),
+        "segment_bytes": _env_number("KERASDIST_SEGMENT_BYTES", 256 * 1024, int, 1),
+        "timeline": os.environ.get("KERASDIST_TIMELINE", ""),
+    }
+
+
+def _resolve_comm(comm):
+    from mpi4py import MPI
+
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, MPI.Comm):
+        return comm
+    if isinstance(comm, (list, tuple)):
+        world = MPI.COMM_WORLD
+        ranks = [int(r) for r in comm]
+        if sorted(set(ranks)) != sorted(ranks) or not ranks or any(
+            r < 0 or r >= world.Get_size() for r in ranks
+        ):
+            raise ValueError(
+                "Invalid value for argument `comm`. Expected a list of distinct "
+                f"world ranks in [0, {world.Get_size()}). Received: comm={comm!r}"
+            )
+        if world.Get_rank() not in ranks:
+            raise ValueError(
+                f"This process (world rank {world.Get_rank()}) is not in "
+                f"`comm`={ranks}; only the listed ranks may call init(comm)."
+            )
+        group = world.Get_group().Incl(ranks)
+        return world.Create_group(group)
+    raise TypeError(
+        "Invalid type for argument `comm`. Expected an mpi4py communicator, "
+        f"a list of ranks, or None. Received: comm={comm!r}"
+    )
+
+
+def _set_thread_pools(local_size):
+    """Gives each local rank a fair share of the cores, unless the user set
+    the pools already or TensorFlow has started using them."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    share = max(1, cores // max(1, local_size))
+    threading = tf.config.threading
+    try:
+        if threading.get_intra_op_parallelism_threads() == 0:
+            threading.set_intra_op_parallelism_threads(share)
+        if threading.get_inter_op_parallelism_threads() == 0:
+            threading.set_inter_op_parallelism_threads(max(2, share))
+    except RuntimeError:
+        pass  # TensorFlow is already initialised; keep its pools.
+
+
+def init(comm=None):
+    """Initializes kerasdist and starts its background engine.
+
+    Safe to call more than once; later calls do nothing. After `shutdown()`,
+    `init()` starts a fresh engine. Every rank of `comm` must call it.
+
+    Args:
+        comm: The processes to train with: an mpi4py communicator, a list of
+            world ranks, or `None` for `MPI.COMM_WORLD`. Defaults to `None`.
+
+    Raises:
+        ValueError: If `comm` or a `KERASDIST_*` variable is invalid.
+        RuntimeError: If the other ranks do not join within
+            `KERASDIST_INIT_TIMEOUT_SECONDS`.
+    """
+    ctx = context
+    if ctx.initialized:
+        return
+    config = read_config()
+    mpi_comm = _resolve_comm(comm)
+    err = ctypes.create_string_buffer(4096)
+    rc = ctx.lib.kerasdist_init(
+        mpi_comm.py2f(),
+        config["fusion_threshold"],
+        int(config["cycle_time_ms"] * 1000),
+        int(config["stall_check_s"] * 1e6),
+        int(config["stall_shutdown_s"] * 1e6),
+        int(config["timeout_s"] * 1000),
+        int(config["init_timeout_s"] * 1000),
+        config["segment_bytes"],
+        config["timeline"].encode(),
+        err,
+        len(err),
+    )
+    if rc != 0:
+        raise RuntimeError(f"kerasdist.init() failed: {err.value.decode()}")
+    from mpi4py import MPI
+
+    ctx.comm = mpi_comm
+    ctx.rank, ctx.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)
+    ctx.local_rank, ctx.local_size = local.Get_rank(), local.Get_size()
+    local.Free()
+    cross = mpi_comm.Split(color=ctx.local_rank, key=ctx.rank)
+    ctx.cross_rank, ctx.cross_size = cross.Get_rank(), cross.Get_size()
+    cross.Free()
+    ctx.config = config
+    ctx.name_counters = {}
+    ctx.initialized = True
+    _set_thread_pools(ctx.local_size)
+    if not ctx.atexit_registered:
+        atexit.register(shutdown)
+        ctx.atexit_registered = True
+
+
+def shutdown():
+    """Stops the engine on this rank and tells the other ranks to stop.
+
+    Collectives still waiting on any rank fail with an error instead of
+    hanging. Safe to call more than once; `init()` may be called again after.
+    """
+    ctx = context
+    if not ctx.initialized:
+        return
+    ctx.lib.kerasdist_shutdown()
+    ctx.initialized = False
+
+
+def is_initialized():
+    """Returns True between `init()` and `shutdown()`."""
+    return context.initialized
+
+
+def check_initialized():
+    if not context.initialized:
+        raise RuntimeError(
+            "kerasdist is not initialized. Call `kerasdist.init()` first."
+        )
+
+
+def _query(attr):
+    check_initialized()
+    return getattr(context, attr)
+
+
+def rank():
+    """Returns this process's rank in `[0, size())`."""
+    return _query("rank")
+
+
+def size():
+    """Returns the number of processes."""
+    return _query("size")
+
+
+def local_rank():
+    """Returns this process's rank among the processes on its host."""
+    return _query("local_rank")
+
+
+def local_size():
+    """Returns the number of processes on this host."""
+    return _query("local_size")
+
+
+def cross_rank():
+    """Returns the index of this host among the hosts (ranks with the same
+    local rank, ordered by rank)."""
+    return _query("cross_rank")
+
+
+def cross_size():
+    """Returns the number of hosts with a process of this local rank."""
+    return _query("cross_size")
+
+
+def build_info():
+    """Describes the build: versions, library path and ops.
+
+    Returns:
+        A dict with `kerasdist_version`, `tf_version`, `tf_built_against`,
+        `library_path`, `ops` and `mpi_library`.
+    """
+    from mpi4py import MPI
+
+    from kerasdist import _build_info
+
+    ops = sorted(
+        name for name in dir(context.ops) if name.startswith("kerasdist_")
+    )
+    return {
+        "kerasdist_version": _build_info.KERASDIST_VERSION,
+        "tf_version": tf.__version__,
+        "tf_built_against": context.lib.kerasdist_built_tf_version().decode(),
+        "library_path": context.library_path,
+        "ops": ops,
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+    }

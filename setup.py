@@ -1,0 +1,145 @@
+"""Build and install kerasdist with its TensorFlow custom-op library.
+
+The op library is compiled against the TensorFlow that is already installed
+(custom ops are not ABI-stable across TensorFlow versions or distributions),
+so install TensorFlow first and build without isolation:
+
+    pip install tensorflow-cpu==2.21.0 mpi4py mpich
+    pip install --no-build-isolation .        # or -e . for development
+"""
+
+import glob
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VERSION = "0.1.0"
+
+
+def _fail(msg):
+    sys.stderr.write("\nkerasdist build error: " + msg + "\n\n")
+    raise SystemExit(1)
+
+
+def _tensorflow():
+    try:
+        import tensorflow as tf  # noqa: F401
+    except ImportError:
+        _fail(
+            "TensorFlow is not installed in this Python environment "
+            f"({sys.executable}). kerasdist compiles its ops against the "
+            "installed TensorFlow, so install it first, then build without "
+            "build isolation:\n"
+            "    pip install tensorflow-cpu==2.21.0 mpi4py mpich\n"
+            "    pip install --no-build-isolation ."
+        )
+    return tf
+
+
+def _mpicxx():
+    """Finds the MPI C++ wrapper of the environment mpi4py uses."""
+    candidates = [os.path.join(os.path.dirname(sys.executable), "mpicxx")]
+    try:
+        import mpi4py
+
+        cfg = mpi4py.get_config()
+        if cfg.get("mpicxx"):
+            candidates.append(cfg["mpicxx"])
+        if cfg.get("mpicc"):
+            candidates.append(cfg["mpicc"])
+    except ImportError:
+        _fail(
+            "mpi4py is not installed. Install it and an MPI first:\n"
+            "    pip install mpi4py mpich"
+        )
+    which = shutil.which("mpicxx")
+    if which:
+        candidates.append(which)
+    for c in candidates:
+        if c and os.path.exists(c):
+            return c
+    _fail(
+        "No MPI compiler wrapper (mpicxx) found. Install the MPICH wheel "
+        "(`pip install mpich`) or a system MPI with its development files."
+    )
+
+
+def _mpi_flags():
+    wrapper = _mpicxx()
+    out = subprocess.run(
+        [wrapper, "-show"], check=True, capture_output=True, text=True
+    ).stdout
+    args = shlex.split(out)[1:]  # drop the compiler itself
+    cflags = [a for a in args if a.startswith(("-I", "-D"))]
+    lflags = [a for a in args if not a.startswith(("-I", "-D"))]
+    return wrapper, cflags, lflags
+
+
+class BuildOps(build_ext):
+    """Compiles kerasdist/csrc with TensorFlow's and MPI's flags."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
+    def build_extensions(self):
+        tf = _tensorflow()
+        wrapper, mpi_cflags, mpi_lflags = _mpi_flags()
+        cflags = list(tf.sysconfig.get_compile_flags()) + mpi_cflags + [
+            "-O3",
+            "-fPIC",
+            "-Wno-deprecated-declarations",
+            "-Wno-sign-compare",
+            "-DNDEBUG",
+            f'-DKERASDIST_TF_VERSION="{tf.__version__}"',
+        ]
+        lflags = list(tf.sysconfig.get_link_flags()) + mpi_lflags
+        for ext in self.extensions:
+            ext.extra_compile_args = cflags
+            ext.extra_link_args = lflags
+        # C++ sources need a C++ driver for compiling and linking.
+        cxx = os.environ.get("CXX", "g++")
+        self.compiler.set_executable("compiler_so", [cxx] + self.compiler.compiler_so[1:])
+        self.compiler.set_executable("compiler_cxx", [cxx])
+        self.compiler.set_executable("linker_so", [cxx] + self.compiler.linker_so[1:])
+        super().build_extensions()
+        target = os.path.dirname(self.get_ext_fullpath("kerasdist._kerasdist_ops"))
+        with open(os.path.join(target, "_build_info.py"), "w") as f:
+            f.write(
+                "# Written by setup.py when the op library was built.\n"
+                f"TF_VERSION = {tf.__version__!r}\n"
+                f"MPI_WRAPPER = {wrapper!r}\n"
+                f"KERASDIST_VERSION = {VERSION!r}\n"
+            )
+
+
+sources = sorted(glob.glob("kerasdist/csrc/core/*.cc")) + sorted(
+    glob.glob("kerasdist/csrc/tf/*.cc")
+)
+
+setup(
+    name="kerasdist",
+    version=VERSION,
+    description="Distributed data-parallel training for Keras 3 on TensorFlow",
+    long_description=open(os.path.join(HERE, "README.md")).read()
+    if os.path.exists(os.path.join(HERE, "README.md"))
+    else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["kerasdist", "kerasdist.callbacks"],
+    package_dir={"kerasdist": "kerasdist", "kerasdist.callbacks": "callbacks"},
+    ext_modules=[
+        Extension("kerasdist._kerasdist_ops", sources=sources, language="c++")
+    ],
+    cmdclass={"build_ext": BuildOps},
+    install_requires=["mpi4py>=4", "numpy", "cloudpickle"],
+    extras_require={"tfds": ["tensorflow-datasets", "importlib_resources"]},
+    entry_points={"console_scripts": ["kerasdist-run=kerasdist.runner:main"]},
+)
