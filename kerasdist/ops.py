@@ -42,7 +42,39 @@ def _check_dtype(tensor, what):
         )
 
 
+def _in_xla_context():
+    """True while tracing a function compiled with XLA (`jit_compile=True`).
+
+    TensorFlow enters an XLA control-flow context on the calling graph while
+    it traces such a function; there is no public query, so this reads the
+    graphs' contexts defensively and answers False if they are unavailable.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None:
+        get = getattr(graph, "_get_control_flow_context", None)
+        ctx = get() if get else None
+        while ctx is not None:
+            is_xla = getattr(ctx, "IsXLAContext", None)
+            if is_xla and is_xla():
+                return True
+            ctx = getattr(ctx, "outer_context", None)
+        graph = getattr(graph, "outer_graph", None)
+    return False
+
+
+def _check_not_xla(kind):
+    if not tf.executing_eagerly() and _in_xla_context():
+        raise ValueError(
+            f"kerasdist `{kind}` cannot run inside an XLA-compiled function "
+            "(`jit_compile=True`): XLA compiles the step into one program and "
+            "cannot call the collective engine. Run this step without XLA: use "
+            "`tf.function(..., jit_compile=False)`, or "
+            "`model.compile(..., jit_compile=False)` for Keras."
+        )
+
+
 def _tensor_name(kind, name):
+    _check_not_xla(kind)
     if name is not None:
         if not isinstance(name, str) or not name:
             raise ValueError(

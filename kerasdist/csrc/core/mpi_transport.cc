@@ -113,9 +113,11 @@ Status MpiTransport::Create(MPI_Comm comm, int64_t timeout_ms,
 }
 
 MpiTransport::~MpiTransport() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  // The communicator is deliberately not freed. At shutdown a rank may have
+  // sent a control message that its peer, already stopped, never receives.
+  // MPI would recycle the freed context id for the next init()'s duplicate
+  // and deliver that stale message to the new engine. One communicator per
+  // init()/shutdown() cycle is a small price for never crossing the streams.
 }
 
 std::unique_ptr<Transfer> MpiTransport::Isend(int peer, int tag,

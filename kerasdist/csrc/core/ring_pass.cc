@@ -1,6 +1,7 @@
 #include "ring_pass.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 
 #include "reduce.h"
@@ -56,7 +57,10 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
     scratch->resize(seg_bytes * window);
   }
 
-  std::vector<std::vector<std::unique_ptr<Transfer>>> sends(n);
+  // Outstanding sends keyed by the byte offset of their segment. A segment
+  // is only ever received in place after its earlier send has completed;
+  // waiting on anything wider (say, the whole chunk) can deadlock the ring.
+  std::map<size_t, std::vector<std::unique_ptr<Transfer>>> sends;
   std::vector<std::unique_ptr<Transfer>> inflight(window);
   auto cancel_all = [&]() {
     for (auto& t : inflight)
@@ -66,7 +70,7 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
   // Step 0 sends this rank's own chunk; later sends forward received data.
   const int first = steps[0].send_chunk;
   for (size_t off = 0; off < layout.chunk_bytes[first]; off += seg_bytes) {
-    sends[first].push_back(transport->Isend(
+    sends[layout.chunk_offset[first] + off].push_back(transport->Isend(
         right, kTagData, buf + layout.chunk_offset[first] + off,
         std::min(seg_bytes, layout.chunk_bytes[first] - off)));
   }
@@ -77,8 +81,8 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
     if (steps[e.step].reduce) {
       dest = scratch->data() + (k % window) * seg_bytes;
     } else {
-      // Receiving in place: earlier sends out of this chunk must be done.
-      Status s = WaitAll(&sends[e.chunk], options.timeout_ms);
+      // Receiving in place: an earlier send out of this segment must be done.
+      Status s = WaitAll(&sends[e.offset], options.timeout_ms);
       if (!s.ok()) return s;
       dest = buf + e.offset;
     }
@@ -110,7 +114,7 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
       if (phase_switch_time) *phase_switch_time = NowMicros();
     }
     if (static_cast<size_t>(e.step) + 1 < steps.size()) {
-      sends[e.chunk].push_back(
+      sends[e.offset].push_back(
           transport->Isend(right, kTagData, buf + e.offset, e.bytes));
     }
     if (k + window < recvs.size()) {
@@ -121,8 +125,8 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
       }
     }
   }
-  for (auto& chunk_sends : sends) {
-    Status s = WaitAll(&chunk_sends, options.timeout_ms);
+  for (auto& segment_sends : sends) {
+    Status s = WaitAll(&segment_sends.second, options.timeout_ms);
     if (!s.ok()) return s;
   }
   if (!switched && phase_switch_time) *phase_switch_time = NowMicros();

@@ -1,0 +1,330 @@
+"""Allreduce benchmark: kerasdist's engine against MPICH and memcpy.
+
+Run on N ranks: `mpiexec -n 2 python benchmarks/allreduce.py [--sizes 4K 1M]
+[--iters N] [--blocks B] [--json PATH] [--quick]` (or under `kerasdist-run`).
+For each float32 buffer size it measures, in one run:
+
+- `kd eager`: `kerasdist.allreduce(x, op=Sum)` called eagerly, one fixed
+  name per size, the same input tensor every time;
+- `kd tf.function`: the same op in a `tf.while_loop` inside one
+  `tf.function` call (see `make_loop_fn` for why);
+- `MPICH`: `comm.Allreduce(send, recv, op=MPI.SUM)` on numpy arrays;
+- `memcpy`: `np.copyto(dst, src)`, every rank copying at the same time.
+
+Methods are interleaved block by block, in a rotating order, so that noise
+on a shared machine hits all of them alike. Each block starts with
+`comm.Barrier()` and times `iters` samples with `time.perf_counter()`; a
+sample averages `inner` back-to-back ops so that fast ops are not lost in
+timer overhead. A rank's time is the smallest of its block medians; the
+reported time is the largest over ranks. Bus bandwidth is
+`bytes * 2(N-1)/N / time`, memcpy bandwidth `bytes / time`.
+
+It also times a step of 100 tensors of 4 KiB against one of 400 KiB, and
+checks once per size that kerasdist's sums are exact, exiting with status 1
+otherwise (`--quick` is the CI smoke test).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import time
+
+import numpy as np
+
+KIB = 1024
+MIB = KIB * KIB
+DEFAULT_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
+GROUP_COUNT, GROUP_BYTES = 100, 4 * KIB
+
+
+def parse_size(text):
+    """Parses `4K`, `64KiB`, `1M`, `16MiB` or a plain byte count."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": KIB, "M": MIB, "G": KIB * MIB}.get(t[-1:], 1)
+    try:
+        value = int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        value = -1
+    if value <= 0 or value % 4:
+        raise argparse.ArgumentTypeError(
+            f"Expected a positive multiple of 4 bytes such as 4K or 1MiB. Received: {text!r}")
+    return value
+
+
+def fmt_size(nbytes):
+    for unit, scale in (("MiB", MIB), ("KiB", KIB)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def fmt_time(seconds):
+    return f"{seconds * 1e6:7.1f}us" if seconds < 1e-3 else f"{seconds * 1e3:7.2f}ms"
+
+
+def run_block(op, inner, samples):
+    """Returns `samples` per-op times, each the mean over `op(inner)`."""
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        op(inner)
+        times.append((time.perf_counter() - t0) / inner)
+    return times
+
+
+class Bench:
+    """Calibrates named methods, then times them interleaved across blocks.
+
+    Args:
+        comm: The mpi4py communicator of the ranks.
+        args: The parsed command line (`quick`, `iters`, `blocks`).
+    """
+
+    def __init__(self, comm, args):
+        from mpi4py import MPI
+
+        self.comm, self.MAX, self.iters = comm, MPI.MAX, args.iters
+        self.blocks = args.blocks or (3 if args.quick else 5)
+        self.block_time = 0.04 if args.quick else 0.4  # s per method and block
+        self.min_samples, self.warmup = (2, 2) if args.quick else (3, 4)
+        self.plan, self.counts = {}, {}
+
+    def add(self, name, op, min_inner=1, sample_time=1e-3):
+        """Warms up `op(k)`, which runs k ops, and sizes its samples.
+
+        `inner` (ops per sample) and `samples` (per block) come from the
+        slowest rank's estimate, so every rank runs as many collectives.
+        """
+        op(min_inner)  # first call: tracing, allocation, name negotiation
+        est = np.median(run_block(op, min_inner, self.warmup))
+        est = max(self.comm.allreduce(float(est), op=self.MAX), 1e-8)
+        inner = int(min(1000, max(min_inner, math.ceil(sample_time / est))))
+        samples = self.iters or int(
+            min(5000, max(self.min_samples, round(self.block_time / (est * inner)))))
+        self.plan[name] = (op, inner, samples)
+
+    def run(self):
+        """Times the added methods; returns `{name: seconds per op}`."""
+        names = list(self.plan)
+        best = dict.fromkeys(names, math.inf)
+        for b in range(self.blocks):
+            for name in names[b % len(names):] + names[:b % len(names)]:
+                op, inner, samples = self.plan[name]
+                self.comm.Barrier()
+                best[name] = min(best[name], float(np.median(run_block(op, inner, samples))))
+        self.counts = {n: {"inner": p[1], "samples": p[2], "blocks": self.blocks}
+                       for n, p in self.plan.items()}
+        self.plan = {}
+        return {n: self.comm.allreduce(best[n], op=self.MAX) for n in names}
+
+
+def make_loop_fn(kd, tf, name):
+    """A `tf.function(x, k)` that allreduces `x` k times in a while loop.
+
+    One op per call would mostly time `tf.function` dispatch (tens of us of
+    Python and executor setup, not kerasdist's). Running k ops per call
+    amortizes that, so the per-op time is what an allreduce costs inside a
+    training step: kernel launch, negotiation, copies and the ring. Each
+    iteration reduces the previous result, so the ops run one at a time and
+    the one name never has two ops in flight; with zeros as input the sum
+    stays finite (the cost does not depend on the values).
+    """
+
+    @tf.function
+    def loop(x, k):
+        body = lambda i, y: (i + 1, kd.allreduce(y, op=kd.Sum, name=name))  # noqa: E731
+        return tf.while_loop(lambda i, y: i < k, body, (tf.constant(0), x))[1]
+
+    return loop
+
+
+def check_size(nbytes, comm, kd, tf, loop_fn):
+    """Returns None if kerasdist's Sum equals MPICH's and the exact sum."""
+    from mpi4py import MPI
+
+    n, rank, size = nbytes // 4, comm.Get_rank(), comm.Get_size()
+    pattern = (np.arange(n) % 13).astype(np.float32)
+    local = pattern + rank  # small integers: float32 sums are exact
+    exact = pattern * size + size * (size - 1) / 2
+    mpich = np.empty_like(local)
+    comm.Allreduce(local, mpich, op=MPI.SUM)
+    eager = kd.allreduce(tf.constant(local), op=kd.Sum, name=f"check.{nbytes}").numpy()
+    in_fn = loop_fn(tf.constant(local), tf.constant(1)).numpy()
+    errors = [what for what, got in (("MPICH", mpich), ("kd eager", eager),
+                                     ("kd tf.function", in_fn))
+              if not np.array_equal(got, exact)]
+    errors = comm.allgather(errors)
+    bad = [f"rank {r}: {', '.join(e)}" for r, e in enumerate(errors) if e]
+    return f"{fmt_size(nbytes)}: wrong sum from " + "; ".join(bad) if bad else None
+
+
+def repeat(step):
+    """Returns `op(k)`, which calls `step()` k times."""
+    def op(k):
+        for _ in range(k):
+            step()
+    return op
+
+
+def bench_size(nbytes, bench, comm, kd, tf):
+    """Checks, then times the four methods at one size; returns a row."""
+    from mpi4py import MPI
+
+    n, size = nbytes // 4, comm.Get_size()
+    loop_fn = make_loop_fn(kd, tf, f"bench.fn.{nbytes}")
+    error = check_size(nbytes, comm, kd, tf, loop_fn)
+    if error:
+        raise AssertionError(error)
+    x, zeros = tf.ones([n]), tf.zeros([n])
+    send, recv, dst = (np.full(n, v, np.float32) for v in (1, 0, 0))
+    name = f"bench.eager.{nbytes}"
+    bench.add("kd_eager", repeat(lambda: kd.allreduce(x, op=kd.Sum, name=name)))
+    # A tf.function call costs ~0.5 ms here: >= 4 ops and ~20 ms per sample.
+    bench.add("kd_fn", lambda k: loop_fn(zeros, tf.constant(k)), 4, 20e-3)
+    bench.add("mpich", repeat(lambda: comm.Allreduce(send, recv, op=MPI.SUM)))
+    bench.add("memcpy", repeat(lambda: np.copyto(dst, send)))
+    t = bench.run()
+    bus = nbytes * 2 * (size - 1) / size
+    row = {"bytes": nbytes, "correct": True, "counts": bench.counts}
+    for key in ("kd_eager", "kd_fn", "mpich"):
+        row[key + "_s"], row[key + "_busbw_GBps"] = t[key], bus / t[key] / 1e9
+    row["memcpy_s"], row["memcpy_GBps"] = t["memcpy"], nbytes / t["memcpy"] / 1e9
+    best = min(t["kd_eager"], t["kd_fn"])
+    row["bw_ratio_kd_best_over_mpich"] = t["mpich"] / best
+    row["bw_ratio_kd_best_over_memcpy"] = bus / best / 1e9 / row["memcpy_GBps"]
+    return row
+
+
+def bench_grouped(bench, comm, kd, tf):
+    """Times one step of 100 tensors of 4 KiB and one of a 400 KiB tensor."""
+    from mpi4py import MPI
+
+    n, count = GROUP_BYTES // 4, GROUP_COUNT
+    big, small = tf.ones([count * n]), [tf.ones([n]) for _ in range(count)]
+    # In the functions the 100 tensors are made inside the step, as gradients
+    # are: 100 arguments would add Python argument handling to every call.
+    fn_grouped = tf.function(lambda t: kd.grouped_allreduce(
+        tf.split(t, count), op=kd.Sum, name="bench.g100fn"))
+    fn_single = tf.function(lambda t: kd.allreduce(t, op=kd.Sum, name="bench.g1fn"))
+    sends = [np.ones(n, np.float32) for _ in range(count)]
+    recvs = [np.zeros(n, np.float32) for _ in range(count)]
+    bsend, brecv = np.ones(count * n, np.float32), np.zeros(count * n, np.float32)
+
+    def mpich_many():
+        for s, r in zip(sends, recvs):
+            comm.Allreduce(s, r, op=MPI.SUM)
+
+    many = f"{count}x{fmt_size(GROUP_BYTES)}"
+    one = f"1x{fmt_size(count * GROUP_BYTES)}"
+    bench.add(f"kd tf.function {many}", repeat(lambda: fn_grouped(big)))
+    bench.add(f"kd tf.function {one}", repeat(lambda: fn_single(big)))
+    bench.add(f"kd eager grouped {many}", repeat(
+        lambda: kd.grouped_allreduce(small, op=kd.Sum, name="bench.g100e")))
+    bench.add(f"kd eager {one}", repeat(lambda: kd.allreduce(big, op=kd.Sum, name="bench.g1e")))
+    bench.add(f"MPICH {many}", repeat(mpich_many))
+    bench.add(f"MPICH {one}", repeat(lambda: comm.Allreduce(bsend, brecv, op=MPI.SUM)))
+    return bench.run()
+
+
+def machine_info(comm, kd, tf):
+    """Host, versions, date and the settings that affect the numbers."""
+    from mpi4py import MPI
+    import mpi4py
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        cpu = ""
+    prefixes = ("KERASDIST_", "MPIR_CVAR_", "OMP_", "TF_CPP", "TF_NUM", "TF_ENABLE")
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hostnames": sorted(set(comm.allgather(socket.gethostname()))),
+        "nproc": os.cpu_count(), "cpu": cpu, "ranks": comm.Get_size(),
+        "platform": platform.platform(), "python": platform.python_version(),
+        "numpy": np.__version__, "tensorflow": tf.__version__,
+        "kerasdist": getattr(kd, "__version__", "?"), "mpi4py": mpi4py.__version__,
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)},
+        "kerasdist_config": getattr(getattr(kd.runtime, "context", None), "config", None),
+    }
+
+
+def print_report(rows, grouped, size):
+    """Prints the table, the 4 KiB latency line and the grouped step."""
+    cols = " | ".join(f"{'time':>9} {'busGB/s':>8}" for _ in range(3))
+    sub = f"{'':>8} | {cols} | {'GB/s':>7} | {'kd/MPICH':>8} | {'kd/memcp':>8}"
+    print(f"\nkerasdist allreduce, float32, op=Sum, {size} ranks; time per op = max "
+          "over ranks of min over blocks of block medians; ratios are of bandwidth")
+    print(f"{'size':>8} | {'kd eager':^18} | {'kd tf.function':^18} | {'MPICH':^18} | "
+          f"{'memcpy':>7} | {'ratio':>8} | {'ratio':>8}", sub, "-" * len(sub), sep="\n")
+    for r in rows:
+        cells = " | ".join(f"{fmt_time(r[k + '_s']):>9} {r[k + '_busbw_GBps']:8.2f}"
+                           for k in ("kd_eager", "kd_fn", "mpich"))
+        print(f"{fmt_size(r['bytes']):>8} | {cells} | {r['memcpy_GBps']:7.2f} | "
+              f"{r['bw_ratio_kd_best_over_mpich']:8.2f} | {r['bw_ratio_kd_best_over_memcpy']:8.3f}")
+    for r in (r for r in rows if r["bytes"] == 4 * KIB):
+        print(f"\nLatency of one 4 KiB allreduce: kd eager {fmt_time(r['kd_eager_s']).strip()}, "
+              f"kd tf.function {fmt_time(r['kd_fn_s']).strip()}, "
+              f"MPICH {fmt_time(r['mpich_s']).strip()}")
+    print("\nOne step of 100 tensors of 4 KiB vs one tensor of 400 KiB (time per step):")
+    for name, t in grouped.items():
+        print(f"  {name:<34} {fmt_time(t)}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", nargs="+", type=parse_size, default=DEFAULT_SIZES,
+                   metavar="SIZE", help="Buffer sizes, e.g. 4K 1M 64MiB.")
+    p.add_argument("--iters", type=int, default=None, metavar="N",
+                   help="Timed samples per block (default: chosen from the warmup).")
+    p.add_argument("--blocks", type=int, default=None, metavar="B",
+                   help="Interleaved timed blocks per method (default 5, quick 3).")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="Results file (default benchmarks/results/allreduce_np{N}.json).")
+    p.add_argument("--quick", action="store_true",
+                   help="Short run for CI: fewer, shorter blocks; still checks sums.")
+    args = p.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    from mpi4py import MPI
+    import tensorflow as tf
+    import kerasdist as kd
+
+    start = time.perf_counter()
+    kd.init()
+    comm = MPI.COMM_WORLD
+    bench = Bench(comm, args)
+    rows, status = [], 0
+    try:
+        for nbytes in args.sizes:
+            rows.append(bench_size(nbytes, bench, comm, kd, tf))
+        grouped = bench_grouped(bench, comm, kd, tf)
+    except AssertionError as e:
+        if comm.Get_rank() == 0:
+            print(f"FAILED correctness check: {e}", file=sys.stderr)
+        grouped, status = None, 1
+    elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+    info = machine_info(comm, kd, tf)
+    if comm.Get_rank() == 0 and status == 0:
+        print_report(rows, grouped, comm.Get_size())
+        print(f"\nTotal benchmark time (after imports): {elapsed:.1f} s")
+        path = args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                         "results", f"allreduce_np{comm.Get_size()}.json")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"machine": info, "args": {k: v for k, v in vars(args).items()},
+                       "elapsed_s": elapsed, "sizes": rows, "grouped_step_s": grouped},
+                      f, indent=2)
+        print(f"Wrote {path}")
+    kd.shutdown()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

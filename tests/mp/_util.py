@@ -1,0 +1,23 @@
+"""Helpers for the multi-process test scripts (run under mpiexec)."""
+
+import sys
+import traceback
+
+import kerasdist as kd
+
+
+def log(*args):
+    print(f"[rank {kd.rank()}]", *args, flush=True)
+
+
+def main(fn):
+    """Runs fn(); prints a rank-prefixed traceback and exits 1 on failure."""
+    try:
+        kd.init()
+        fn()
+        log("OK")
+    except BaseException:
+        rank = kd.rank() if kd.is_initialized() else "?"
+        sys.stdout.write(f"[rank {rank}] FAILED\n{traceback.format_exc()}")
+        sys.stdout.flush()
+        sys.exit(1)

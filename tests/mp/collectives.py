@@ -1,0 +1,126 @@
+"""Broadcast, ragged allgather, ordering, fusion, objects and gradients."""
+
+import numpy as np
+import tensorflow as tf
+
+import kerasdist as kd
+from _util import log, main
+
+
+def check_broadcast(size, r):
+    for root in range(size):
+        for dtype in (tf.float32, tf.int64, tf.float16, tf.uint8):
+            for n in (0, 1, 1000, 300000):
+                x = tf.cast(tf.fill([n], r * 10 + 1), dtype)
+                y = kd.broadcast(x, root_rank=root, name=f"bc.{root}.{dtype.name}.{n}")
+                np.testing.assert_array_equal(y.numpy(), np.full(n, root * 10 + 1))
+    v = tf.Variable(tf.fill([3, 4], float(r)))
+    kd.broadcast_variables([v], root_rank=size - 1)
+    np.testing.assert_array_equal(v.numpy(), np.full([3, 4], size - 1.0))
+
+
+def check_allgather(size, r):
+    for dtype in (tf.float32, tf.int32, tf.bfloat16, tf.int8):
+        # Ragged first dimension: rank k sends k+1 rows (rank 0 may send 0).
+        for base in (0, 1, 5000):
+            rows = base + r
+            x = tf.cast(tf.fill([rows, 3], r), dtype)
+            y = kd.allgather(x, name=f"ag.{dtype.name}.{base}")
+            want = np.concatenate([np.full([base + k, 3], k) for k in range(size)])
+            assert y.shape == want.shape, (y.shape, want.shape)
+            np.testing.assert_array_equal(tf.cast(y, tf.float64).numpy(), want)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32)])
+    def gather(t):
+        return kd.allgather(t, name="ag.fn")
+
+    y = gather(tf.fill([r + 1, 2], float(r)))
+    assert y.shape[0] == sum(k + 1 for k in range(size))
+
+
+def check_opposite_order(size, r):
+    @tf.function
+    def step(a, b):
+        names = ["first", "second"]
+        if r % 2:
+            names.reverse()
+        out = {}
+        for name in names:
+            out[name] = kd.allreduce(a if name == "first" else b, op=kd.Sum, name=name)
+        return out["first"], out["second"]
+
+    for _ in range(3):
+        f, s = step(tf.fill([3], float(r)), tf.fill([7], 1.0))
+        np.testing.assert_array_equal(f.numpy(), np.full(3, sum(range(size)), np.float32))
+        np.testing.assert_array_equal(s.numpy(), np.full(7, size, np.float32))
+
+
+def check_fusion(size, r):
+    @tf.function
+    def step(tensors):
+        return kd.grouped_allreduce(tensors, op=kd.Sum, name="many")
+
+    tensors = [tf.fill([1024], float(i + r)) for i in range(100)]
+    for _ in range(3):
+        out = step(tensors)
+        for i, t in enumerate(out):
+            np.testing.assert_array_equal(t.numpy(), np.full(1024, size * i + sum(range(size)), np.float32))
+    mixed = [tf.fill([5], r), tf.fill([6], float(r)), tf.fill([7], float(r))]
+    out = kd.grouped_allreduce(mixed, op=kd.Max)
+    for t, n in zip(out, (5, 6, 7)):
+        np.testing.assert_array_equal(t.numpy(), np.full(n, size - 1))
+
+
+def check_objects(size, r):
+    obj = kd.broadcast_object({"rank": r, "data": list(range(r + 3))}, root_rank=1 % size)
+    assert obj == {"rank": 1 % size, "data": list(range(1 % size + 3))}, obj
+    assert kd.allgather_object(("x", r)) == [("x", k) for k in range(size)]
+    kd.barrier()
+
+
+def check_gradients(size, r):
+    w = tf.constant([1.0, 2.0, 3.0]) * (r + 1)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(w)
+        avg = kd.allreduce(w, op=kd.Average, name="g.avg")
+        total = kd.allreduce(w, op=kd.Sum, name="g.sum")
+        gathered = kd.allgather(tf.reshape(w, [3, 1])[: r + 1], name="g.gather")
+        bc = kd.broadcast(w, root_rank=0, name="g.bc")
+        loss_avg = tf.reduce_sum(avg * (r + 1))
+        loss_sum = tf.reduce_sum(total * (r + 1))
+        loss_gather = tf.reduce_sum(gathered * float(r + 1))
+        loss_bc = tf.reduce_sum(bc * (r + 1))
+    # d(sum_k loss_k)/dw_r for each op, computed by hand.
+    coef = sum(k + 1 for k in range(size))
+    np.testing.assert_allclose(tape.gradient(loss_avg, w).numpy(), np.full(3, coef / size))
+    np.testing.assert_allclose(tape.gradient(loss_sum, w).numpy(), np.full(3, coef))
+    g = tape.gradient(loss_gather, w).numpy()
+    np.testing.assert_allclose(g, [coef] * (r + 1) + [0.0] * (2 - r) if r < 3 else [coef] * 3)
+    gb = tape.gradient(loss_bc, w).numpy()
+    np.testing.assert_allclose(gb, np.full(3, coef if r == 0 else 0.0))
+
+
+def check_sparse(size, r):
+    slices = tf.IndexedSlices(tf.fill([2, 3], float(r + 1)), tf.constant([r, r + 1]),
+                              dense_shape=tf.constant([size + 1, 3]))
+    out = kd.allreduce(slices, op=kd.Sum, name="sparse")
+    assert isinstance(out, tf.IndexedSlices)
+    dense = tf.math.unsorted_segment_sum(out.values, out.indices, size + 1).numpy()
+    want = np.zeros([size + 1, 3])
+    for k in range(size):
+        want[k] += k + 1
+        want[k + 1] += k + 1
+    np.testing.assert_allclose(dense, want)
+    dense2 = kd.allreduce(slices, op=kd.Sum, name="sparse.dense", sparse_as_dense=True)
+    np.testing.assert_allclose(dense2.numpy(), want)
+
+
+def run():
+    size, r = kd.size(), kd.rank()
+    for check in (check_broadcast, check_allgather, check_opposite_order, check_fusion,
+                  check_objects, check_gradients, check_sparse):
+        check(size, r)
+        log(check.__name__, "passed")
+
+
+main(run)

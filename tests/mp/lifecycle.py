@@ -1,0 +1,60 @@
+"""shutdown() then init() again, init() twice, sub-communicators, timeline."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import kerasdist as kd
+from _util import log, main
+
+
+def total(name):
+    return kd.allreduce(tf.ones([3]), op=kd.Sum, name=name).numpy()
+
+
+def run():
+    size, r = kd.size(), kd.rank()
+    kd.init()  # twice is harmless
+    np.testing.assert_array_equal(total("a"), np.full(3, size, np.float32))
+    for cycle in range(2):
+        kd.shutdown()
+        assert not kd.is_initialized()
+        try:
+            kd.rank()
+            raise AssertionError("rank() after shutdown() should fail")
+        except RuntimeError as e:
+            assert "kerasdist.init()" in str(e)
+        kd.init()
+        np.testing.assert_array_equal(total(f"b{cycle}"), np.full(3, size, np.float32))
+    # A sub-communicator given as a list of ranks.
+    if size >= 3:
+        kd.shutdown()
+        members = [0, 1]
+        if r in members:
+            kd.init(comm=members)
+            assert kd.size() == 2 and kd.rank() == r
+            np.testing.assert_array_equal(total("sub"), np.full(3, 2.0, np.float32))
+            kd.shutdown()
+        kd.init()
+        kd.barrier()
+    path = os.environ.get("KERASDIST_TIMELINE")
+    if path:
+        step = tf.function(lambda ts: kd.grouped_allreduce(ts, name="tl"))
+        for _ in range(3):
+            step([tf.ones([100]) for _ in range(4)])
+        kd.shutdown()  # closes the file
+        if r == 0:
+            with open(path) as f:
+                events = json.load(f)
+            names = {e["name"] for e in events}
+            for want in ("ring_reduce_scatter", "ring_allgather", "memcpy_in_fusion_buffer"):
+                assert want in names, (want, names)
+            assert any(e.get("args", {}).get("tensors", "").startswith("tl.") for e in events)
+        kd.init()
+        log("timeline events:", len(events))
+
+
+main(run)
