@@ -110,14 +110,22 @@ class BuildOps(build_ext):
         self.compiler.set_executable("compiler_cxx", [cxx])
         self.compiler.set_executable("linker_so", [cxx] + self.compiler.linker_so[1:])
         super().build_extensions()
-        target = os.path.dirname(self.get_ext_fullpath("kerasdist._kerasdist_ops"))
-        with open(os.path.join(target, "_build_info.py"), "w") as f:
-            f.write(
-                "# Written by setup.py when the op library was built.\n"
-                f"TF_VERSION = {tf.__version__!r}\n"
-                f"MPI_WRAPPER = {wrapper!r}\n"
-                f"KERASDIST_VERSION = {VERSION!r}\n"
-            )
+        info = (
+            "# Written by setup.py when the op library was built.\n"
+            f"TF_VERSION = {tf.__version__!r}\n"
+            f"MPI_WRAPPER = {wrapper!r}\n"
+            f"KERASDIST_VERSION = {VERSION!r}\n"
+        )
+        # Next to the built library (regular installs) and in the source tree
+        # (editable installs load the package from here).
+        targets = {
+            os.path.join(self.build_lib, "kerasdist"),
+            os.path.join(HERE, "kerasdist"),
+        }
+        for target in targets:
+            os.makedirs(target, exist_ok=True)
+            with open(os.path.join(target, "_build_info.py"), "w") as f:
+                f.write(info)
 
 
 sources = sorted(glob.glob("kerasdist/csrc/core/*.cc")) + sorted(

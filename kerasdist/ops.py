@@ -251,6 +251,7 @@ def join():
         The rank that joined last, as an int (a tensor inside `tf.function`).
     """
     check_initialized()
+    _check_not_xla("join")
     out = context.ops.kerasdist_join(tensor_name="join")
     return int(out) if tf.executing_eagerly() else out
 

@@ -1,0 +1,44 @@
+"""Multi-process tests: each runs a script under the environment's mpiexec
+at 2 and 3 ranks (3 ranks give uneven chunks) with a hard timeout."""
+
+import pytest
+
+from conftest import run_mpi
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_allreduce_every_dtype_op_and_size_matches_numpy(np_):
+    run_mpi("allreduce_sweep.py", np_, timeout=240)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_broadcast_allgather_order_fusion_objects_gradients(np_):
+    run_mpi("collectives.py", np_, timeout=240)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_mismatch_errors_on_every_rank_and_engine_recovers(np_):
+    out = run_mpi("errors.py", np_, timeout=120).stdout
+    assert out.count("OK") == np_
+
+
+def test_stall_warning_names_missing_rank():
+    out = run_mpi("stall.py", 2, timeout=120, args=["warn"],
+                  env={"KERASDIST_STALL_CHECK_TIME_SECONDS": "1"}).stdout
+    assert "stall: allreduce 'late_tensor'" in out
+    assert "missing ranks [1]" in out
+
+
+def test_stall_shutdown_fails_instead_of_hanging():
+    out = run_mpi("stall.py", 3, timeout=120, args=["shutdown"],
+                  env={"KERASDIST_STALL_CHECK_TIME_SECONDS": "1",
+                       "KERASDIST_STALL_SHUTDOWN_TIME_SECONDS": "3"}).stdout
+    assert "Stall shutdown" in out and "not by ranks [2]" in out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_shutdown_reinit_subcomm_and_timeline(np_, tmp_path):
+    path = tmp_path / "timeline.json"
+    out = run_mpi("lifecycle.py", np_, timeout=180,
+                  env={"KERASDIST_TIMELINE": str(path)}).stdout
+    assert "timeline events:" in out
