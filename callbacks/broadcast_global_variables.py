@@ -1,0 +1,60 @@
+"""`BroadcastGlobalVariablesCallback`: start every rank from the same state."""
+
+import keras
+
+from kerasdist.functions import broadcast_variables
+
+
+def _shared_variables(model):
+    """Model and optimizer variables, in the same order on every rank.
+
+    Random-seed states (dropout and friends) are left per rank, so that each
+    rank keeps drawing its own masks, as it reads its own data.
+    """
+    variables = [v for v in model.variables if "seed_generator" not in v.path]
+    opt = getattr(model, "optimizer", None)
+    if opt is not None:
+        variables += list(opt.variables)
+    return variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcasts model and optimizer state from `root_rank` before training.
+
+    Unlike Horovod, which broadcasts after the first batch (so the first step
+    runs on unsynchronized weights), this builds the optimizer at
+    `on_train_begin` and broadcasts model **and** optimizer variables before
+    the first step. Only a model that is not built yet at that point falls
+    back to broadcasting after batch 0.
+
+    Args:
+        root_rank: The rank whose state is kept. Defaults to 0.
+        device: Unused; accepted for Horovod compatibility. Defaults to "".
+
+    Example:
+
+    >>> model.fit(x, y, callbacks=[
+    ...     kerasdist.callbacks.BroadcastGlobalVariablesCallback(0)])
+    """
+
+    def __init__(self, root_rank=0, device=""):
+        super().__init__()
+        del device
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def _broadcast(self):
+        opt = getattr(self.model, "optimizer", None)
+        if opt is not None and not opt.built:
+            opt.build(self.model.trainable_variables)
+        broadcast_variables(_shared_variables(self.model), self.root_rank,
+                            name="broadcast_global_variables")
+        self.broadcast_done = True
+
+    def on_train_begin(self, logs=None):
+        if not self.broadcast_done and self.model.built:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:
+            self._broadcast()
