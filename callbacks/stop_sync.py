@@ -1,0 +1,57 @@
+"""A callback that makes every rank stop training at the same point."""
+
+import tensorflow as tf
+
+import keras
+
+from kerasdist import ops
+
+
+class SyncStopTrainingCallback(keras.callbacks.Callback):
+    """Stops training on every rank as soon as one rank asks to stop.
+
+    Callbacks such as `EarlyStopping`, `TerminateOnNaN` or a user's own set
+    `model.stop_training = True`, and they may do so on one rank only (for
+    example a NaN loss on one shard, or a callback that runs on rank 0
+    only). A rank that stops alone leaves the others waiting in the next
+    gradient allreduce. After every training batch and at the end of every
+    epoch this callback takes the maximum of the ranks' `stop_training`
+    flags with an allreduce and sets `model.stop_training` to it, so all
+    ranks stop after the same batch or epoch.
+
+    It must come **last** in the callbacks list, after every callback that
+    may set `stop_training`: Keras calls callbacks in list order, and a flag
+    set after this callback has run would be seen by one rank only. Every
+    rank must run the same number of batches per epoch. The per-batch check
+    costs one small allreduce per step. If the ranks' batches do not line
+    up, the flags' allreduces cannot be matched and the engine's stall check
+    reports them.
+
+    Example:
+
+    >>> callbacks = [
+    ...     kerasdist.callbacks.MetricAverageCallback(),
+    ...     keras.callbacks.EarlyStopping(monitor="val_loss", patience=3),
+    ...     keras.callbacks.TerminateOnNaN(),
+    ...     kerasdist.callbacks.SyncStopTrainingCallback(),  # last
+    ... ]
+    >>> model.fit(x, y, validation_data=(vx, vy), callbacks=callbacks)
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._epoch = 0
+
+    def _sync(self, name):
+        flag = tf.constant(1 if self.model.stop_training else 0, tf.int32)
+        stop = int(ops.allreduce(flag, op=ops.Max, name=name).numpy())
+        self.model.stop_training = bool(stop)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._sync(f"sync_stop_training.epoch{self._epoch}.batch{batch}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._sync(f"sync_stop_training.epoch{epoch}.end")
