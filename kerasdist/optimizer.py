@@ -37,6 +37,8 @@ class _DistributedMixin:
 
     def _kerasdist_reduce(self, grads):
         settings = self.__dict__.get("_kerasdist_settings")
+        # Checked at every size, so a single-process run already reports it.
+        ops._check_not_xla("DistributedOptimizer")
         if settings is None or context.size == 1:
             return grads
         reduced = []
