@@ -7,7 +7,10 @@ import kerasdist as kd
 
 
 def log(*args):
-    print(f"[rank {kd.rank()}]", *args, flush=True)
+    # One write per line, so that lines from different ranks do not mix.
+    line = " ".join([f"[rank {kd.rank()}]"] + [str(a) for a in args]) + "\n"
+    sys.stdout.write(line)
+    sys.stdout.flush()
 
 
 def main(fn):
