@@ -4,17 +4,6 @@ Import it as Horovod's Keras module (`import kerasdist as hvd`): the names
 and arguments follow Horovod's.
 """
 
-import os as _os
-
-# `callbacks/` sits at the top of the source tree and is installed as
-# `kerasdist.callbacks`. When kerasdist runs from a source checkout (a legacy
-# editable install, or PYTHONPATH), make the same import path work.
-_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_root, "callbacks", "__init__.py")) and not any(
-    _os.path.isdir(_os.path.join(p, "callbacks")) for p in __path__
-):
-    __path__.append(_root)
-
 from kerasdist.compression import Compression
 from kerasdist.optimizer import DistributedOptimizer, load_model
 from kerasdist.functions import allgather_object, broadcast_object, broadcast_variables
@@ -44,6 +33,43 @@ from kerasdist.runtime import (
     size,
 )
 
-import kerasdist.callbacks as callbacks  # noqa: E402  (needs the names above)
+from kerasdist.schedules import LinearWarmup, scale_learning_rate  # noqa: E402
+
+
+def _attach_source_callbacks():
+    """Makes `kerasdist.callbacks` importable from a source checkout.
+
+    `callbacks/` sits at the top of the source tree and setup.py installs it
+    as `kerasdist.callbacks`. A legacy editable install (or PYTHONPATH) does
+    not apply that mapping, so load the directory under that name here.
+    """
+    import importlib.util
+    import os
+    import sys
+
+    if importlib.util.find_spec("kerasdist.callbacks") is not None:
+        return
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    init = os.path.join(root, "callbacks", "__init__.py")
+    if not os.path.isfile(init):
+        return
+    spec = importlib.util.spec_from_file_location(
+        "kerasdist.callbacks", init,
+        submodule_search_locations=[os.path.dirname(init)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kerasdist.callbacks"] = module
+    spec.loader.exec_module(module)
+
+
+_attach_source_callbacks()
+import kerasdist.callbacks as callbacks  # noqa: E402
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Average", "Compression", "DistributedOptimizer", "LinearWarmup", "Max", "Min", "Product", "Sum",
+    "allgather", "allgather_object", "allreduce", "barrier", "broadcast",
+    "broadcast_object", "broadcast_variables", "build_info", "callbacks", "cross_rank",
+    "cross_size", "grouped_allreduce", "init", "is_initialized", "join", "load_model",
+    "local_rank", "local_size", "rank", "scale_learning_rate", "shutdown", "size",
+]
