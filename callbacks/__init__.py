@@ -7,3 +7,4 @@ from kerasdist.callbacks.lr_schedule import LearningRateScheduleCallback
 from kerasdist.callbacks.lr_warmup import LearningRateWarmupCallback
 from kerasdist.callbacks.metric_average import MetricAverageCallback
 from kerasdist.callbacks.stop_sync import SyncStopTrainingCallback
+from kerasdist.callbacks.uneven_data import UnevenDataCallback
