@@ -33,6 +33,7 @@ from kerasdist.runtime import (
     size,
 )
 
+from kerasdist import data  # noqa: E402
 from kerasdist.schedules import LinearWarmup, scale_learning_rate  # noqa: E402
 
 
@@ -69,7 +70,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Average", "Compression", "DistributedOptimizer", "LinearWarmup", "Max", "Min", "Product", "Sum",
     "allgather", "allgather_object", "allreduce", "barrier", "broadcast",
-    "broadcast_object", "broadcast_variables", "build_info", "callbacks", "cross_rank",
+    "broadcast_object", "broadcast_variables", "build_info", "callbacks", "data", "cross_rank",
     "cross_size", "grouped_allreduce", "init", "is_initialized", "join", "load_model",
     "local_rank", "local_size", "rank", "scale_learning_rate", "shutdown", "size",
 ]
