@@ -34,6 +34,7 @@ from kerasdist.runtime import (
 )
 
 from kerasdist import data  # noqa: E402
+from kerasdist.launch import run  # noqa: E402
 from kerasdist.schedules import LinearWarmup, scale_learning_rate  # noqa: E402
 
 
@@ -72,5 +73,5 @@ __all__ = [
     "allgather", "allgather_object", "allreduce", "barrier", "broadcast",
     "broadcast_object", "broadcast_variables", "build_info", "callbacks", "data", "cross_rank",
     "cross_size", "grouped_allreduce", "init", "is_initialized", "join", "load_model",
-    "local_rank", "local_size", "rank", "scale_learning_rate", "shutdown", "size",
+    "local_rank", "local_size", "rank", "run", "scale_learning_rate", "shutdown", "size",
 ]

@@ -7,7 +7,8 @@ Loads the function and its arguments from `PAYLOAD`, calls it, and writes the
 outcome to `RESULT_DIR/rank.<r>` (`r` is the MPI world rank), atomically:
 a pickled dict of plain values, either `{"status": "ok", "value": bytes}`
 (the return value, cloudpickled) or `{"status": "error", "type": str,
-"message": str, "traceback": str}`, so the launcher can always read it. It also writes
+"message": str, "traceback": str, "time": float}` (when it failed, to tell
+the first failure from the ones it caused), so the launcher can always read it. It also writes
 `RESULT_DIR/pid.<r>` (host, pid, process group) at start, so the launcher can
 stop the rank's processes on this host.
 
@@ -21,6 +22,7 @@ import os
 import pickle
 import socket
 import sys
+import time
 import traceback
 
 
@@ -54,7 +56,7 @@ def _error_record(exc, skip_frames=0, context=None):
     if context:
         message = f"{context}: {message}" if message else context
     return {"status": "error", "type": type(exc).__qualname__,
-            "message": message, "traceback": text}
+            "message": message, "traceback": text, "time": time.time()}
 
 
 def _extend_sys_path(caller_path):

@@ -73,6 +73,14 @@ def _validate(fn, args, kwargs, np, hosts, env, timeout):
         raise TypeError("Invalid type for argument `hosts`. Expected a string "
                         f"such as 'host1:2,host2:2', or None. Received: "
                         f"hosts={hosts!r}")
+    if hosts is not None:
+        try:
+            runner.parse_args(["-np", "1", "-H", hosts, "--", "fn"])
+        except ValueError:
+            raise ValueError(
+                "Invalid value for argument `hosts`. Expected comma-separated "
+                "'host' or 'host:slots' entries, e.g. 'host1:2,host2:2'. "
+                f"Received: hosts={hosts!r}") from None
     if env is None:
         env = {}
     if not isinstance(env, dict):
@@ -136,9 +144,9 @@ class _Job:
     def _emitter(self, sink):
         def emit(rank, line):
             if rank is None:
-                self.mpiexec_lines.append(line)
                 if self._quiet:
                     return
+                self.mpiexec_lines.append(line)
             else:
                 self.tails.setdefault(rank, collections.deque(
                     maxlen=_TAIL_LINES)).append(line)
@@ -191,7 +199,7 @@ class _Job:
                 continue
             if rank not in self.pids:
                 info = self._load(f"pid.{rank}")
-                if info is not None and info[0] == self._host:
+                if isinstance(info, tuple) and info[0] == self._host:
                     self.pids[rank] = info[1:]
             gone = rank in self.pids and not _alive(self.pids[rank][0])
             record = self._load(f"rank.{rank}")  # After the liveness check.
@@ -319,28 +327,35 @@ def _resolve_dynamic_frames(text, fn):
     return "".join(out)
 
 
+def _resolve(errors, fn):
+    return {rank: dict(rec, traceback=_resolve_dynamic_frames(
+        rec["traceback"], fn)) for rank, rec in errors.items()}
+
+
 def _failure_message(job, np, errors, missing, aborted_after):
     failed = sorted(set(errors) | set(missing))
-    text = f"kerasdist.run: {_ranks_text(failed)} of {np} failed."
-    for rank in sorted(errors):
+    parts = [f"kerasdist.run: {_ranks_text(failed)} of {np} failed."]
+    # The first failure first: the others are often its consequences.
+    for rank in sorted(errors, key=lambda r: (errors[r].get("time", math.inf), r)):
         rec = errors[rank]
-        text += f"\n\nRank {rank} failed: {rec['type']}: {rec['message']}"
-        if rec["traceback"]:
-            text += "\n" + rec["traceback"].rstrip()
+        parts.append(f"Rank {rank} failed: {rec['type']}: {rec['message']}\n"
+                     + rec["traceback"])
     stopped = [r for r in missing if aborted_after and r not in aborted_after]
-    for rank in missing:
+    for rank in sorted(missing, key=lambda r: (r in stopped, r)):
         if rank in stopped:
-            text += (f"\n\nRank {rank} was stopped {_ABORT_GRACE_SECONDS:g} s "
-                     f"after {_ranks_text(aborted_after)} failed, before "
-                     "returning.")
+            text = (f"Rank {rank} was stopped {_ABORT_GRACE_SECONDS:g} s after "
+                    f"{_ranks_text(aborted_after)} failed, before returning.")
+        elif aborted_after:  # mpiexec's exit status is then our doing.
+            text = f"Rank {rank} exited without returning a result."
         else:
-            text += (f"\n\nRank {rank} exited without returning a result "
-                     f"({_exit_text(job.proc.returncode)}).")
+            text = (f"Rank {rank} exited without returning a result "
+                    f"({_exit_text(job.proc.returncode)}).")
         if job.tails.get(rank):
             text += "\nIts last output lines:\n" + _quote(job.tails[rank], rank)
+        parts.append(text)
     if job.mpiexec_lines and len(stopped) < len(missing):
-        text += "\nmpiexec reported:\n" + _quote(job.mpiexec_lines)
-    return text.rstrip()
+        parts.append("mpiexec reported:\n" + _quote(job.mpiexec_lines))
+    return "\n\n".join(p.rstrip() for p in parts)
 
 
 def run(fn, args=(), kwargs=None, np=2, hosts=None, env=None, timeout=None,
@@ -424,13 +439,7 @@ def run(fn, args=(), kwargs=None, np=2, hosts=None, env=None, timeout=None,
         command = [sys.executable, "-u", _WORKER, payload, result_dir]
         cli = ["-np", str(int(np))]
         cli += ["-H", hosts] if hosts is not None else []
-        try:
-            parsed = runner.parse_args(cli + ["--"] + command)
-        except ValueError as e:  # Only `hosts` can still be invalid.
-            raise ValueError(
-                "Invalid value for argument `hosts`. Expected comma-separated "
-                "'host' or 'host:slots' entries, e.g. 'host1:2,host2:2'. "
-                f"Received: hosts={hosts!r}") from e
+        parsed = runner.parse_args(cli + ["--"] + command)
         argv = runner.build_mpiexec_argv(parsed, mpiexec, flavor)
         cut = len(argv) - len(command)
         argv[cut:cut] = _env_flags(flavor, env)
@@ -452,13 +461,19 @@ def run(fn, args=(), kwargs=None, np=2, hosts=None, env=None, timeout=None,
                 job.stop()
                 job.close()
                 if running:
+                    were = "was" if len(running) == 1 else "were"
                     what = (f"{_ranks_text(running)} of {np} had not finished "
-                            "and were stopped")
+                            f"and {were} stopped")
                 else:
                     what = ("all ranks had returned but mpiexec had not "
                             "exited; it was stopped")
-                raise TimeoutError(
-                    f"kerasdist.run: timed out after {timeout:g} s: {what}.")
+                text = f"kerasdist.run: timed out after {timeout:g} s: {what}."
+                errors = {r: rec for r, rec in job.records.items()
+                          if rec["status"] != "ok"}
+                if errors:  # What went wrong first matters more.
+                    text += "\n\n" + _failure_message(job, np, _resolve(
+                        errors, fn), [], None)
+                raise TimeoutError(text)
             if abort_at is not None and now >= abort_at:
                 aborted_after = first_failed
                 job.stop()
@@ -476,8 +491,7 @@ def run(fn, args=(), kwargs=None, np=2, hosts=None, env=None, timeout=None,
         errors, values = {}, {}
         for rank, rec in job.records.items():
             if rec["status"] != "ok":
-                errors[rank] = dict(rec, traceback=_resolve_dynamic_frames(
-                    rec["traceback"], fn))
+                errors.update(_resolve({rank: rec}, fn))
                 continue
             try:
                 values[rank] = cloudpickle.loads(rec["value"])

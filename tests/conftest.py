@@ -33,8 +33,14 @@ def run_mpi(script, np, timeout=120, env=None, args=(), check=True):
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        # SIGTERM first: Hydra forwards it to the ranks (each rank runs in its
+        # own session, so killing mpiexec's group alone would leave them).
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
         pytest.fail(f"{script} on {np} ranks timed out after {timeout} s "
                     f"(a hang). Output:\n{out[-6000:]}")
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
