@@ -2,14 +2,11 @@
 
 Run on N ranks: `mpiexec -n 2 python benchmarks/allreduce.py [--sizes 4K 1M]
 [--iters N] [--blocks B] [--json PATH] [--quick]` (or under `kerasdist-run`).
-For each float32 buffer size it measures, in one run:
-
-- `kd eager`: `kerasdist.allreduce(x, op=Sum)` called eagerly, one fixed
-  name per size, the same input tensor every time;
-- `kd tf.function`: the same op in a `tf.while_loop` inside one
-  `tf.function` call (see `make_loop_fn` for why);
-- `MPICH`: `comm.Allreduce(send, recv, op=MPI.SUM)` on numpy arrays;
-- `memcpy`: `np.copyto(dst, src)`, every rank copying at the same time.
+Per float32 buffer size it measures `kd eager` (`kerasdist.allreduce(x,
+op=Sum)`, fixed name, same input), `kd tf.function` (the op in a while loop
+inside one `tf.function` call, see `make_loop_fn`), `MPICH`
+(`comm.Allreduce` on numpy arrays) and `memcpy` (`np.copyto`, all ranks
+copying at once).
 
 Methods are interleaved block by block, in a rotating order, so that noise
 on a shared machine hits all of them alike. Each block starts with
@@ -17,11 +14,10 @@ on a shared machine hits all of them alike. Each block starts with
 sample averages `inner` back-to-back ops so that fast ops are not lost in
 timer overhead. A rank's time is the smallest of its block medians; the
 reported time is the largest over ranks. Bus bandwidth is
-`bytes * 2(N-1)/N / time`, memcpy bandwidth `bytes / time`.
-
-It also times a step of 100 tensors of 4 KiB against one of 400 KiB, and
-checks once per size that kerasdist's sums are exact, exiting with status 1
-otherwise (`--quick` is the CI smoke test).
+`bytes * 2(N-1)/N / time`, memcpy bandwidth `bytes / time`. It also times a
+step of 100 tensors of 4 KiB against one of 400 KiB, and checks every
+kerasdist path once per size against the exact sum (exit status 1 if wrong;
+`--quick` is the CI smoke test).
 """
 
 import argparse
@@ -46,10 +42,8 @@ def parse_size(text):
     """Parses `4K`, `64KiB`, `1M`, `16MiB` or a plain byte count."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     mult = {"K": KIB, "M": MIB, "G": KIB * MIB}.get(t[-1:], 1)
-    try:
-        value = int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        value = -1
+    digits = t[:-1] if mult > 1 else t
+    value = int(float(digits) * mult) if digits.replace(".", "", 1).isdigit() else 0
     if value <= 0 or value % 4:
         raise argparse.ArgumentTypeError(
             f"Expected a positive multiple of 4 bytes such as 4K or 1MiB. Received: {text!r}")
@@ -57,10 +51,8 @@ def parse_size(text):
 
 
 def fmt_size(nbytes):
-    for unit, scale in (("MiB", MIB), ("KiB", KIB)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
+    unit, scale = next(u for u in (("MiB", MIB), ("KiB", KIB), ("B", 1)) if nbytes % u[1] == 0)
+    return f"{nbytes // scale} {unit}"
 
 
 def fmt_time(seconds):
@@ -90,7 +82,7 @@ class Bench:
 
         self.comm, self.MAX, self.iters = comm, MPI.MAX, args.iters
         self.blocks = args.blocks or (3 if args.quick else 5)
-        self.block_time = 0.04 if args.quick else 0.4  # s per method and block
+        self.block_time = 0.04 if args.quick else 0.3  # s per method and block
         self.min_samples, self.warmup = (2, 2) if args.quick else (3, 4)
         self.plan, self.counts = {}, {}
 
@@ -126,13 +118,13 @@ class Bench:
 def make_loop_fn(kd, tf, name):
     """A `tf.function(x, k)` that allreduces `x` k times in a while loop.
 
-    One op per call would mostly time `tf.function` dispatch (tens of us of
-    Python and executor setup, not kerasdist's). Running k ops per call
-    amortizes that, so the per-op time is what an allreduce costs inside a
-    training step: kernel launch, negotiation, copies and the ring. Each
-    iteration reduces the previous result, so the ops run one at a time and
-    the one name never has two ops in flight; with zeros as input the sum
-    stays finite (the cost does not depend on the values).
+    One op per call would mostly time `tf.function` dispatch (~0.5 ms of
+    Python and executor setup per call on a small VM, none of it
+    kerasdist's). Running k ops per call amortizes that, so the per-op time
+    is what an allreduce costs inside a training step: kernel launch on the
+    inter-op pool, negotiation, copies and the ring. Each iteration reduces
+    the previous result, so the ops run one at a time and one name never
+    has two ops in flight; with zeros as input the sum stays finite.
     """
 
     @tf.function
@@ -143,24 +135,19 @@ def make_loop_fn(kd, tf, name):
     return loop
 
 
-def check_size(nbytes, comm, kd, tf, loop_fn):
-    """Returns None if kerasdist's Sum equals MPICH's and the exact sum."""
-    from mpi4py import MPI
-
-    n, rank, size = nbytes // 4, comm.Get_rank(), comm.Get_size()
+def rank_data(n, comm):
+    """Returns this rank's input and the exact Sum over ranks (float32)."""
     pattern = (np.arange(n) % 13).astype(np.float32)
-    local = pattern + rank  # small integers: float32 sums are exact
-    exact = pattern * size + size * (size - 1) / 2
-    mpich = np.empty_like(local)
-    comm.Allreduce(local, mpich, op=MPI.SUM)
-    eager = kd.allreduce(tf.constant(local), op=kd.Sum, name=f"check.{nbytes}").numpy()
-    in_fn = loop_fn(tf.constant(local), tf.constant(1)).numpy()
-    errors = [what for what, got in (("MPICH", mpich), ("kd eager", eager),
-                                     ("kd tf.function", in_fn))
-              if not np.array_equal(got, exact)]
-    errors = comm.allgather(errors)
-    bad = [f"rank {r}: {', '.join(e)}" for r, e in enumerate(errors) if e]
-    return f"{fmt_size(nbytes)}: wrong sum from " + "; ".join(bad) if bad else None
+    size = comm.Get_size()  # small integers: float32 sums are exact
+    return pattern + comm.Get_rank(), pattern * size + size * (size - 1) / 2
+
+
+def verify(comm, label, results):
+    """Raises AssertionError on every rank if any `(got, want)` differ."""
+    bad = [k for k, (got, want) in results.items() if not np.array_equal(got, want)]
+    msgs = [f"rank {r}: {', '.join(b)}" for r, b in enumerate(comm.allgather(bad)) if b]
+    if msgs:
+        raise AssertionError(f"{label}: wrong sum from " + "; ".join(msgs))
 
 
 def repeat(step):
@@ -177,9 +164,13 @@ def bench_size(nbytes, bench, comm, kd, tf):
 
     n, size = nbytes // 4, comm.Get_size()
     loop_fn = make_loop_fn(kd, tf, f"bench.fn.{nbytes}")
-    error = check_size(nbytes, comm, kd, tf, loop_fn)
-    if error:
-        raise AssertionError(error)
+    local, exact = rank_data(n, comm)
+    mpich = np.empty_like(local)
+    comm.Allreduce(local, mpich, op=MPI.SUM)
+    verify(comm, fmt_size(nbytes), {
+        "MPICH": (mpich, exact),
+        "kd eager": (kd.allreduce(tf.constant(local), op=kd.Sum, name=f"check.{nbytes}"), exact),
+        "kd tf.function x2": (loop_fn(tf.constant(local), tf.constant(2)), exact * size)})
     x, zeros = tf.ones([n]), tf.zeros([n])
     send, recv, dst = (np.full(n, v, np.float32) for v in (1, 0, 0))
     name = f"bench.eager.{nbytes}"
@@ -190,7 +181,7 @@ def bench_size(nbytes, bench, comm, kd, tf):
     bench.add("memcpy", repeat(lambda: np.copyto(dst, send)))
     t = bench.run()
     bus = nbytes * 2 * (size - 1) / size
-    row = {"bytes": nbytes, "correct": True, "counts": bench.counts}
+    row = {"bytes": nbytes, "counts": bench.counts}
     for key in ("kd_eager", "kd_fn", "mpich"):
         row[key + "_s"], row[key + "_busbw_GBps"] = t[key], bus / t[key] / 1e9
     row["memcpy_s"], row["memcpy_GBps"] = t["memcpy"], nbytes / t["memcpy"] / 1e9
@@ -211,14 +202,13 @@ def bench_grouped(bench, comm, kd, tf):
     fn_grouped = tf.function(lambda t: kd.grouped_allreduce(
         tf.split(t, count), op=kd.Sum, name="bench.g100fn"))
     fn_single = tf.function(lambda t: kd.allreduce(t, op=kd.Sum, name="bench.g1fn"))
-    sends = [np.ones(n, np.float32) for _ in range(count)]
-    recvs = [np.zeros(n, np.float32) for _ in range(count)]
     bsend, brecv = np.ones(count * n, np.float32), np.zeros(count * n, np.float32)
-
-    def mpich_many():
-        for s, r in zip(sends, recvs):
-            comm.Allreduce(s, r, op=MPI.SUM)
-
+    pairs = list(zip(np.split(bsend, count), np.split(brecv, count)))  # contiguous views
+    local, exact = rank_data(count * n, comm)
+    verify(comm, "grouped", {
+        "kd tf.function grouped": (tf.concat(fn_grouped(tf.constant(local)), 0), exact),
+        "kd eager grouped": (tf.concat(kd.grouped_allreduce(
+            tf.split(local, count), op=kd.Sum, name="check.g100e"), 0), exact)})
     many = f"{count}x{fmt_size(GROUP_BYTES)}"
     one = f"1x{fmt_size(count * GROUP_BYTES)}"
     bench.add(f"kd tf.function {many}", repeat(lambda: fn_grouped(big)))
@@ -226,7 +216,7 @@ def bench_grouped(bench, comm, kd, tf):
     bench.add(f"kd eager grouped {many}", repeat(
         lambda: kd.grouped_allreduce(small, op=kd.Sum, name="bench.g100e")))
     bench.add(f"kd eager {one}", repeat(lambda: kd.allreduce(big, op=kd.Sum, name="bench.g1e")))
-    bench.add(f"MPICH {many}", repeat(mpich_many))
+    bench.add(f"MPICH {many}", repeat(lambda: [comm.Allreduce(a, b) for a, b in pairs]))
     bench.add(f"MPICH {one}", repeat(lambda: comm.Allreduce(bsend, brecv, op=MPI.SUM)))
     return bench.run()
 
@@ -236,11 +226,10 @@ def machine_info(comm, kd, tf):
     from mpi4py import MPI
     import mpi4py
 
-    try:
+    cpu = ""
+    if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
             cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-    except OSError:
-        cpu = ""
     prefixes = ("KERASDIST_", "MPIR_CVAR_", "OMP_", "TF_CPP", "TF_NUM", "TF_ENABLE")
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -281,15 +270,17 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", type=parse_size, default=DEFAULT_SIZES,
                    metavar="SIZE", help="Buffer sizes, e.g. 4K 1M 64MiB.")
-    p.add_argument("--iters", type=int, default=None, metavar="N",
+    p.add_argument("--iters", type=int, metavar="N",
                    help="Timed samples per block (default: chosen from the warmup).")
-    p.add_argument("--blocks", type=int, default=None, metavar="B",
+    p.add_argument("--blocks", type=int, metavar="B",
                    help="Interleaved timed blocks per method (default 5, quick 3).")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="Results file (default benchmarks/results/allreduce_np{N}.json).")
     p.add_argument("--quick", action="store_true",
                    help="Short run for CI: fewer, shorter blocks; still checks sums.")
     args = p.parse_args(argv)
+    if min(args.iters or 1, args.blocks or 1) < 1:
+        p.error("--iters and --blocks must be at least 1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     from mpi4py import MPI
@@ -310,17 +301,16 @@ def main(argv=None):
             print(f"FAILED correctness check: {e}", file=sys.stderr)
         grouped, status = None, 1
     elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-    info = machine_info(comm, kd, tf)
+    info, size = machine_info(comm, kd, tf), comm.Get_size()
     if comm.Get_rank() == 0 and status == 0:
-        print_report(rows, grouped, comm.Get_size())
+        print_report(rows, grouped, size)
         print(f"\nTotal benchmark time (after imports): {elapsed:.1f} s")
-        path = args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                         "results", f"allreduce_np{comm.Get_size()}.json")
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        path = os.path.abspath(args.json or os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "results", f"allreduce_np{size}.json"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
-            json.dump({"machine": info, "args": {k: v for k, v in vars(args).items()},
-                       "elapsed_s": elapsed, "sizes": rows, "grouped_step_s": grouped},
-                      f, indent=2)
+            json.dump({"machine": info, "args": vars(args), "elapsed_s": elapsed,
+                       "sizes": rows, "grouped_step_s": grouped}, f, indent=2)
         print(f"Wrote {path}")
     kd.shutdown()
     return status
