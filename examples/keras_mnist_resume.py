@@ -30,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 
 import kerasdist as kd  # kerasdist: the distributed-training toolkit  # noqa: E402
 import kerasdist.data  # kerasdist: sharded input pipelines  # noqa: E402
-from mnist_data import load_mnist  # noqa: E402
+from mnist_data import PIXEL_MEAN, PIXEL_STD, load_mnist  # noqa: E402
 
 
 def parse_args():
@@ -79,8 +79,9 @@ def build_model():
 
 
 def preprocess(images, labels):
-    """Scales a batch of uint8 images to [0, 1] and adds the channel axis."""
+    """Standardizes a batch of uint8 images and adds the channel axis."""
     images = tf.cast(images, tf.float32)[..., tf.newaxis] / 255.0
+    images = (images - PIXEL_MEAN) / PIXEL_STD
     return images, tf.cast(labels, tf.int32)
 
 

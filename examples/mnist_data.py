@@ -27,6 +27,11 @@ import numpy as np
 ENV_VAR = "KERASDIST_DATA_DIR"
 REPO_DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "mnist")
 
+# The mean and standard deviation of the training pixels, after dividing by
+# 255 (from data/mnist/README.md); the examples standardize with them.
+PIXEL_MEAN = 0.1307
+PIXEL_STD = 0.3081
+
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
 
