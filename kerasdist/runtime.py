@@ -120,7 +120,9 @@ def _set_thread_pools(local_size):
         if threading.get_intra_op_parallelism_threads() == 0:
             threading.set_intra_op_parallelism_threads(share)
         if threading.get_inter_op_parallelism_threads() == 0:
-            threading.set_inter_op_parallelism_threads(max(2, share))
+            # One inter-op thread per core share: extra inter-op threads
+            # spin while idle and starve the engine thread of CPU.
+            threading.set_inter_op_parallelism_threads(share)
     except RuntimeError:
         pass  # TensorFlow is already initialised; keep its pools.
 
