@@ -164,23 +164,55 @@ def _allreduce_sparse(slices, op, name, sparse_as_dense, compression):
 
 
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
-                      postscale_factor=1.0, compression=Compression.none):
-    """Allreduces a list of tensors; the engine fuses them into few transfers.
+                      postscale_factor=1.0, compression=Compression.none,
+                      sparse_as_dense=False):
+    """Allreduces a list of tensors in one op; the engine fuses them.
+
+    The dense tensors go to the engine together, so they are fused into few
+    ring passes also when called eagerly. `tf.IndexedSlices` are reduced one
+    by one as in `allreduce`.
 
     Args:
-        tensors: A list of tensors.
-        op, prescale_factor, postscale_factor, compression: As in `allreduce`.
+        tensors: A list of tensors (dtypes may differ).
+        op, prescale_factor, postscale_factor, compression, sparse_as_dense:
+            As in `allreduce`.
         name: Prefix for the tensors' names; tensor i is `"{name}.{i}"`.
             Defaults to `None`.
 
     Returns:
         A list of reduced tensors, in the order of `tensors`.
     """
-    return [
-        allreduce(t, op, _derived(name, i), prescale_factor, postscale_factor,
-                  compression)
-        for i, t in enumerate(tensors)
-    ]
+    check_initialized()
+    _check_op(op)
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    base = _tensor_name("grouped_allreduce", name)
+    results = [None] * len(tensors)
+    dense, wires, ctxs = [], [], []
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            results[i] = allreduce(
+                t, op, f"{base}.sparse.{i}" if base else None, prescale_factor,
+                postscale_factor, compression, sparse_as_dense)
+            continue
+        t = tf.convert_to_tensor(t)
+        _check_dtype(t, "grouped_allreduce")
+        wire, ctx = compression.compress(t)
+        dense.append(i)
+        wires.append(wire)
+        ctxs.append(ctx)
+    if dense:
+        outs = context.ops.kerasdist_grouped_allreduce(
+            wires,
+            reduce_op=op,
+            prescale_factor=float(prescale_factor),
+            postscale_factor=float(postscale_factor),
+            tensor_name=base,
+        )
+        for i, out, ctx in zip(dense, outs, ctxs):
+            results[i] = compression.decompress(out, ctx)
+    return results
 
 
 def allgather(tensor, name=None):
@@ -277,6 +309,24 @@ def _allreduce_grad(op, grad):
         )
     return allreduce(
         grad,
+        op=reduce_op,
+        name=_grad_name(op, "grad"),
+        prescale_factor=op.get_attr("prescale_factor"),
+        postscale_factor=op.get_attr("postscale_factor"),
+    )
+
+
+@tf.RegisterGradient("KerasdistGroupedAllreduce")
+def _grouped_allreduce_grad(op, *grads):
+    reduce_op = op.get_attr("reduce_op")
+    if reduce_op not in (Average, Sum):
+        raise ValueError(
+            "grouped_allreduce is differentiable only for op=Average or "
+            f"op=Sum. Received: op={_OP_NAMES.get(reduce_op, reduce_op)}"
+        )
+    grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, op.inputs)]
+    return grouped_allreduce(
+        grads,
         op=reduce_op,
         name=_grad_name(op, "grad"),
         prescale_factor=op.get_attr("prescale_factor"),

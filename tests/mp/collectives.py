@@ -69,6 +69,23 @@ def check_fusion(size, r):
     out = kd.grouped_allreduce(mixed, op=kd.Max)
     for t, n in zip(out, (5, 6, 7)):
         np.testing.assert_array_equal(t.numpy(), np.full(n, size - 1))
+    # Eager, one op for all tensors: mixed dtypes and shapes, a scalar, an
+    # empty tensor, compression and tf.IndexedSlices, each in its place.
+    slices = tf.IndexedSlices(tf.fill([1, 2], float(r + 1)), tf.constant([r]),
+                              dense_shape=tf.constant([size, 2]))
+    group = [tf.fill([2, 3], float(r + 1)), tf.constant(r + 1, tf.int64),
+             tf.zeros([0], tf.float16), slices, tf.fill([4], 0.5 * (r + 1))]
+    out = kd.grouped_allreduce(group, op=kd.Sum, compression=kd.Compression.fp16)
+    s = sum(range(1, size + 1))
+    np.testing.assert_array_equal(out[0].numpy(), np.full([2, 3], s, np.float32))
+    assert out[0].dtype == tf.float32 and out[1].dtype == tf.int64
+    assert int(out[1].numpy()) == s
+    assert out[2].shape == (0,) and out[2].dtype == tf.float16
+    assert isinstance(out[3], tf.IndexedSlices)
+    dense = tf.math.unsorted_segment_sum(out[3].values, out[3].indices, size).numpy()
+    np.testing.assert_array_equal(dense, [[k + 1, k + 1] for k in range(size)])
+    np.testing.assert_array_equal(out[4].numpy(), np.full(4, 0.5 * s, np.float32))
+    assert kd.grouped_allreduce([]) == []
 
 
 def check_objects(size, r):
@@ -98,6 +115,15 @@ def check_gradients(size, r):
     np.testing.assert_allclose(g, [coef] * (r + 1) + [0.0] * (2 - r) if r < 3 else [coef] * 3)
     gb = tape.gradient(loss_bc, w).numpy()
     np.testing.assert_allclose(gb, np.full(3, coef if r == 0 else 0.0))
+    # grouped_allreduce: one output unused, so its incoming gradient is None.
+    v = tf.constant([4.0, 5.0]) * (r + 1)
+    with tf.GradientTape() as tape:
+        tape.watch([w, v])
+        gw, gv = kd.grouped_allreduce([w, v], op=kd.Average, name="g.group")
+        loss = tf.reduce_sum(gw * (r + 1))
+    dw, dv = tape.gradient(loss, [w, v], unconnected_gradients="zero")
+    np.testing.assert_allclose(dw.numpy(), np.full(3, coef / size))
+    np.testing.assert_allclose(dv.numpy(), np.zeros(2))
 
 
 def check_sparse(size, r):

@@ -45,6 +45,8 @@ def run():
         step = tf.function(lambda ts: kd.grouped_allreduce(ts, name="tl"))
         for _ in range(3):
             step([tf.ones([100]) for _ in range(4)])
+        # Eager grouped_allreduce reaches the engine as one batch: fused.
+        kd.grouped_allreduce([tf.ones([100]) for _ in range(4)], name="eg")
         kd.shutdown()  # closes the file
         if r == 0:
             with open(path) as f:
@@ -53,6 +55,9 @@ def run():
             for want in ("ring_reduce_scatter", "ring_allgather", "memcpy_in_fusion_buffer"):
                 assert want in names, (want, names)
             assert any(e.get("args", {}).get("tensors", "").startswith("tl.") for e in events)
+            fused = [e for e in events if e["name"] == "memcpy_in_fusion_buffer"
+                     and e.get("args", {}).get("tensors", "").startswith("eg.")]
+            assert fused and fused[0]["args"]["tensors"].count("eg.") == 4, fused
         kd.init()
         if r == 0:
             log("timeline events:", len(events))

@@ -68,6 +68,26 @@ void Engine::Enqueue(Request request) {
   request.done(stopped);
 }
 
+void Engine::EnqueueBatch(std::vector<Request> requests) {
+  const int64_t now = NowMicros();
+  Status stopped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopped_ && !shutdown_requested_) {
+      for (Request& r : requests) {
+        r.enqueue_us = now;
+        queue_.push_back(std::move(r));
+      }
+      cv_.notify_one();
+      return;
+    }
+    stopped = stopped_ ? final_status_
+                       : Status(StatusCode::kShutdown,
+                                Prefix() + "kerasdist is shutting down");
+  }
+  for (Request& r : requests) r.done(stopped);
+}
+
 void Engine::Shutdown() {
   {
     std::unique_lock<std::mutex> lock(mu_);

@@ -58,6 +58,9 @@ class Engine {
   // Thread-safe. If the engine has stopped, `done` runs at once with the
   // reason it stopped.
   void Enqueue(Request request);
+  // Enqueues several requests at once, so that the engine sees them in the
+  // same cycle and can fuse them. Same contract as Enqueue().
+  void EnqueueBatch(std::vector<Request> requests);
   // Asks every rank to shut down and waits, bounded, for this engine thread.
   void Shutdown();
   int rank() const { return rank_; }

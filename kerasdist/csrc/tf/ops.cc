@@ -1,6 +1,8 @@
 // TensorFlow custom ops for the kerasdist collectives. Each kernel is an
 // AsyncOpKernel that hands a Request to the engine and returns; the engine
 // thread calls done() once the collective has run on every rank.
+#include <atomic>
+
 #include "binding.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -123,6 +125,63 @@ class AllreduceOp : public CollectiveKernel {
   float prescale_, postscale_;
 };
 
+// N tensors in one kernel: all N requests reach the engine together, so the
+// engine fuses them even when the op runs eagerly. Tensor i is named
+// "<name>.<i>"; the kernel completes when every one of them has.
+class GroupedAllreduceOp : public CollectiveKernel {
+ public:
+  explicit GroupedAllreduceOp(OpKernelConstruction* c) : CollectiveKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
+    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
+    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
+    OP_REQUIRES(c, reduce_op_ >= 0 && reduce_op_ <= 4,
+                errors::InvalidArgument("Invalid reduce_op ", reduce_op_));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto live = Live(ctx);
+    if (!live) return done();
+    const int n = ctx->num_inputs();
+    const std::string base = tensor_name_.empty() ? name() : tensor_name_;
+    std::vector<Request> reqs;
+    reqs.reserve(n);
+    // Every request's callback runs on one thread (the engine's, or this one
+    // if the engine has stopped), so the counter only needs to be atomic for
+    // the hand-off back to TensorFlow.
+    auto remaining = std::make_shared<std::atomic<int>>(n);
+    for (int i = 0; i < n; ++i) {
+      const Tensor& in = ctx->input(i);
+      Request r;
+      r.name = base + "." + std::to_string(i);
+      r.meta.type = OpType::kAllreduce;
+      if (!ToDataType(in.dtype(), &r.meta.dtype)) {
+        ctx->SetStatus(errors::InvalidArgument(
+            "Unsupported dtype for a kerasdist collective: ",
+            tensorflow::DataTypeString(in.dtype())));
+        return done();
+      }
+      r.meta.shape = Dims(in.shape());
+      r.meta.reduce_op = static_cast<ReduceOp>(reduce_op_);
+      r.meta.prescale = prescale_;
+      r.meta.postscale = postscale_;
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK_ASYNC(
+          ctx, ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out), done);
+      r.input = in.tensor_data().data();
+      r.output = const_cast<char*>(out->tensor_data().data());
+      r.done = [ctx, done, remaining](const Status& s) {
+        if (!s.ok()) ctx->SetStatus(ToTfStatus(s));
+        if (remaining->fetch_sub(1) == 1) done();
+      };
+      reqs.push_back(std::move(r));
+    }
+    live->engine()->EnqueueBatch(std::move(reqs));
+  }
+
+ private:
+  int reduce_op_;
+  float prescale_, postscale_;
+};
+
 class AllgatherOp : public CollectiveKernel {
  public:
   using CollectiveKernel::CollectiveKernel;
@@ -221,6 +280,20 @@ REGISTER_OP("KerasdistAllreduce")
         .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
     .Doc("Reduces a tensor across all kerasdist ranks (ring allreduce).");
 
+REGISTER_OP("KerasdistGroupedAllreduce")
+    .Attr("T: list({half, bfloat16, float, double, int32, int64, uint8, int8}) >= 1")
+    .Attr("reduce_op: int")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    .Attr("tensor_name: string = ''")
+    .Input("tensors: T")
+    .Output("outputs: T")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
+      return tensorflow::Status();
+    })
+    .Doc("Reduces a list of tensors across all ranks; the engine fuses them.");
+
 REGISTER_OP("KerasdistAllgather")
     .Attr(KD_TYPES)
     .Attr("tensor_name: string = ''")
@@ -258,6 +331,8 @@ REGISTER_OP("KerasdistJoin")
     .Doc("Marks this rank as out of data; returns when all ranks have joined.");
 
 REGISTER_KERNEL_BUILDER(Name("KerasdistAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
+REGISTER_KERNEL_BUILDER(Name("KerasdistGroupedAllreduce").Device(tensorflow::DEVICE_CPU),
+                        GroupedAllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("KerasdistAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
 REGISTER_KERNEL_BUILDER(Name("KerasdistBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("KerasdistBarrier").Device(tensorflow::DEVICE_CPU), BarrierOp);
