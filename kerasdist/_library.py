@@ -62,7 +62,7 @@ def load():
     lib = ctypes.CDLL(path)
     ll = ctypes.c_longlong
     lib.kerasdist_init.argtypes = [
-        ctypes.c_int, ll, ll, ll, ll, ll, ll, ll, ctypes.c_char_p,
+        ctypes.c_int, ll, ll, ll, ll, ll, ll, ll, ctypes.c_int, ctypes.c_char_p,
         ctypes.c_char_p, ctypes.c_int,
     ]
     lib.kerasdist_init.restype = ctypes.c_int

@@ -73,8 +73,23 @@ def read_config():
             "KERASDIST_INIT_TIMEOUT_SECONDS", 300.0, minimum=0.001
         ),
         "segment_bytes": _env_number("KERASDIST_SEGMENT_BYTES", 256 * 1024, int, 1),
+        "shared_memory": _env_flag("KERASDIST_SHM", True),
         "timeline": os.environ.get("KERASDIST_TIMELINE", ""),
     }
+
+
+def _env_flag(name, default):
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(
+        f"Invalid value for environment variable {name}. Expected 1 or 0 "
+        f"(true/false). Received: {name}={os.environ[name]!r}"
+    )
 
 
 def _resolve_comm(comm):
@@ -157,6 +172,7 @@ def init(comm=None):
         int(config["timeout_s"] * 1000),
         int(config["init_timeout_s"] * 1000),
         config["segment_bytes"],
+        int(config["shared_memory"]),
         config["timeline"].encode(),
         err,
         len(err),
@@ -241,6 +257,20 @@ def cross_rank():
 def cross_size():
     """Returns the number of hosts with a process of this local rank."""
     return _query("cross_size")
+
+
+def transport_info():
+    """Describes how this rank's engine moves data.
+
+    Returns:
+        A string naming the MPI library and, when ring links on this host
+        use shared memory (`KERASDIST_SHM`), which ones, e.g.
+        `"mpi(MPICH Version: 5.0.2); shared memory to rank 1, from rank 1"`.
+    """
+    check_initialized()
+    buf = ctypes.create_string_buffer(1024)
+    context.lib.kerasdist_transport_name(buf, len(buf))
+    return buf.value.decode()
 
 
 def build_info():

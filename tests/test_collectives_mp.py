@@ -11,6 +11,18 @@ def test_allreduce_every_dtype_op_and_size_matches_numpy(np_):
     run_mpi("allreduce_sweep.py", np_, timeout=240)
 
 
+def test_allreduce_sweep_over_mpi_only():
+    # The sweep above runs on the shared-memory links; this is the MPI path.
+    run_mpi("allreduce_sweep.py", 3, timeout=240, env={"KERASDIST_SHM": "0"})
+
+
+@pytest.mark.parametrize("np_, off", [(2, ""), (3, ""), (3, "1"), (2, "all")])
+def test_shared_memory_links_and_mpi_fallback_are_exact(np_, off):
+    # off: world ranks started with KERASDIST_SHM=0; their links use MPI.
+    out = run_mpi("shm.py", np_, timeout=240, env={"KD_TEST_SHM_OFF": off}).stdout
+    assert out.count("shm checks passed") == np_
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_broadcast_allgather_order_fusion_objects_gradients(np_):
     run_mpi("collectives.py", np_, timeout=240)

@@ -120,6 +120,15 @@ def test_invalid_environment_variable_is_reported():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=120).stdout
     assert "KERASDIST_CYCLE_TIME" in out and "'fast'" in out
+    env = dict(os.environ, KERASDIST_SHM="maybe", TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert "KERASDIST_SHM" in out and "'maybe'" in out
+
+
+def test_transport_info_at_size_one():
+    assert kd.runtime.transport_info().startswith("mpi(")
+    assert "shared memory" not in kd.runtime.transport_info()
 
 
 def test_build_info():

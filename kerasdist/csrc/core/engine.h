@@ -31,6 +31,7 @@ struct EngineConfig {
   CoordinatorOptions coordinator;
   CollectiveOptions collective;
   std::string timeline_path;  // empty: no timeline (only rank 0 writes one)
+  bool shared_memory = true;  // ring links within a host over /dev/shm
 };
 
 // Allocates the output once its shape is known (allgather), on the engine

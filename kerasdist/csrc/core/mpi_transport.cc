@@ -77,7 +77,7 @@ Status WaitTransfer(Transfer* t, int64_t timeout_ms) {
       SleepMicros(sleep_us);
     }
   }
-  return Status::OK();
+  return t->status();
 }
 
 MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
@@ -117,6 +117,28 @@ Status MpiTransport::Create(MPI_Comm comm, int64_t timeout_ms,
   }
   out->reset(new MpiTransport(dup));
   return Status::OK();
+}
+
+Status MpiTransport::Allgather(const void* mine, size_t bytes, void* all,
+                               int64_t timeout_ms) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (MPI_Iallgather(mine, static_cast<int>(bytes), MPI_BYTE, all,
+                     static_cast<int>(bytes), MPI_BYTE, comm_, &req) != MPI_SUCCESS) {
+    return Status(StatusCode::kInternal, "MPI_Iallgather failed");
+  }
+  const int64_t deadline = NowMicros() + timeout_ms * 1000;
+  int flag = 0;
+  while (true) {
+    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (flag) return Status::OK();
+    if (NowMicros() > deadline) {
+      return Status(StatusCode::kTimeout,
+                    "rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
+                        ": timed out after " + std::to_string(timeout_ms) +
+                        " ms exchanging transport setup with the other ranks");
+    }
+    SleepMicros(50);
+  }
 }
 
 MpiTransport::~MpiTransport() {

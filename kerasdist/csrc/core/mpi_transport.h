@@ -28,6 +28,9 @@ class MpiTransport : public Transport {
   bool Probe(int tag, int* peer, size_t* bytes) override;
   Status RecvProbed(int peer, int tag, void* buf, size_t bytes) override;
   std::string Name() const override;
+  // Gathers `bytes` from every rank into `all` (rank order), bounded. Only
+  // for setup, before the engine thread starts.
+  Status Allgather(const void* mine, size_t bytes, void* all, int64_t timeout_ms);
 
  private:
   explicit MpiTransport(MPI_Comm comm);

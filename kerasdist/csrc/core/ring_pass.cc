@@ -53,7 +53,9 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
                        std::min(seg_bytes, layout.chunk_bytes[c] - off)});
     }
   }
-  if (any_reduce && scratch->size() < seg_bytes * window) {
+  // A transport that reduces as the data arrives needs no scratch buffer.
+  const bool fused_reduce = transport->CanRecvReduce(left);
+  if (any_reduce && !fused_reduce && scratch->size() < seg_bytes * window) {
     scratch->resize(seg_bytes * window);
   }
 
@@ -78,7 +80,14 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
   auto post_recv = [&](size_t k) -> Status {
     const SegmentRecv& e = recvs[k];
     char* dest;
-    if (steps[e.step].reduce) {
+    if (steps[e.step].reduce && fused_reduce) {
+      // Reducing in place: likewise, an earlier send must have left.
+      Status s = WaitAll(&sends[e.offset], options.timeout_ms);
+      if (!s.ok()) return s;
+      inflight[k % window] = transport->IrecvReduce(left, kTagData, buf + e.offset,
+                                                    e.bytes, dtype, op);
+      return Status::OK();
+    } else if (steps[e.step].reduce) {
       dest = scratch->data() + (k % window) * seg_bytes;
     } else {
       // Receiving in place: an earlier send out of this segment must be done.
@@ -106,10 +115,10 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
       return s;
     }
     inflight[k % window].reset();
-    if (steps[e.step].reduce) {
+    if (steps[e.step].reduce && !fused_reduce) {
       ReduceInto(buf + e.offset, scratch->data() + (k % window) * seg_bytes,
                  e.bytes / elem, dtype, op);
-    } else if (!switched) {
+    } else if (!steps[e.step].reduce && !switched) {
       switched = true;
       if (phase_switch_time) *phase_switch_time = NowMicros();
     }

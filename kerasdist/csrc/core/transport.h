@@ -33,6 +33,8 @@ class Transfer {
   virtual bool Test() = 0;
   // Best effort cancellation after a failure; the buffer must stay alive.
   virtual void Cancel() = 0;
+  // After Test() returned true: whether the transfer succeeded.
+  virtual Status status() const { return Status::OK(); }
   int peer() const { return peer_; }
   size_t bytes() const { return bytes_; }
   bool is_send() const { return is_send_; }
@@ -52,6 +54,16 @@ class Transport {
                                           size_t bytes) = 0;
   virtual std::unique_ptr<Transfer> Irecv(int peer, int tag, void* buf,
                                           size_t bytes) = 0;
+  // Whether IrecvReduce() is available for data from `peer`.
+  virtual bool CanRecvReduce(int peer) const { return false; }
+  // Receives `bytes` from `peer` and reduces them into `dest` as they arrive
+  // (dest[i] = op(dest[i], incoming[i])), with no intermediate buffer. Only
+  // valid when CanRecvReduce(peer).
+  virtual std::unique_ptr<Transfer> IrecvReduce(int peer, int tag, void* dest,
+                                                size_t bytes, DataType dtype,
+                                                ReduceOp op) {
+    return nullptr;
+  }
   // Non-blocking probe for a message with `tag` from any peer. On success
   // sets *peer and *bytes and returns true.
   virtual bool Probe(int tag, int* peer, size_t* bytes) = 0;

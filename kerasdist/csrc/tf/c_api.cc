@@ -29,7 +29,8 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
                    long long cycle_time_us, long long stall_warning_us,
                    long long stall_shutdown_us, long long timeout_ms,
                    long long init_timeout_ms, long long segment_bytes,
-                   const char* timeline_path, char* err, int err_len) {
+                   int shared_memory, const char* timeline_path, char* err,
+                   int err_len) {
   std::lock_guard<std::mutex> lock(kerasdist::g_mu);
   if (*kerasdist::g_context) return 0;  // init() twice is harmless
   EngineConfig config;
@@ -40,6 +41,7 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
   config.collective.timeout_ms = timeout_ms;
   if (segment_bytes > 0) config.collective.segment_bytes = segment_bytes;
   config.timeline_path = timeline_path ? timeline_path : "";
+  config.shared_memory = shared_memory != 0;
   std::unique_ptr<Context> ctx;
   kerasdist::Status s =
       Context::Create(MPI_Comm_f2c(fortran_comm), config, init_timeout_ms, &ctx);

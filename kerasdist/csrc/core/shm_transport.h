@@ -1,0 +1,80 @@
+// Shared-memory data path between ring neighbours on one host.
+//
+// Every collective moves its payload from a rank to its right neighbour
+// (ring allreduce, ring allgather, chain broadcast). When the two share
+// /dev/shm, that link is a single-producer single-consumer queue of
+// fixed-size slots in a segment both have mapped: the sender copies each
+// fragment into a free slot and publishes it; the receiver copies it out, or
+// reduces it straight into the destination (IrecvReduce), and frees the
+// slot. Unlike MPI's single-copy path (process_vm_readv), nothing pins pages
+// per message, and the reduce reads the incoming data only once.
+//
+// Control messages, and data to or from any other peer, go over the wrapped
+// MpiTransport. Per link, both ends agree at setup whether shared memory
+// works; if not, that link stays on MPI.
+//
+// Progress is driven by polling: Test() on any transfer advances every queued
+// send and receive in posting order, so a rank waiting on a receive keeps
+// feeding its own sends.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "mpi_transport.h"
+
+namespace kerasdist {
+
+class ShmTransfer;
+
+class ShmTransport : public Transport {
+ public:
+  // Wraps `mpi`; collective over its ranks. Returns `mpi` itself when no
+  // link can use shared memory (a world of one, `enabled` false everywhere,
+  // no common /dev/shm). Fails only if the bounded setup exchange times out.
+  static Status Create(std::unique_ptr<MpiTransport> mpi, bool enabled,
+                       int64_t timeout_ms, std::unique_ptr<Transport>* out);
+  ~ShmTransport() override;
+
+  int rank() const override { return mpi_->rank(); }
+  int size() const override { return mpi_->size(); }
+  std::unique_ptr<Transfer> Isend(int peer, int tag, const void* buf,
+                                  size_t bytes) override;
+  std::unique_ptr<Transfer> Irecv(int peer, int tag, void* buf,
+                                  size_t bytes) override;
+  bool CanRecvReduce(int peer) const override;
+  std::unique_ptr<Transfer> IrecvReduce(int peer, int tag, void* dest,
+                                        size_t bytes, DataType dtype,
+                                        ReduceOp op) override;
+  bool Probe(int tag, int* peer, size_t* bytes) override;
+  Status RecvProbed(int peer, int tag, void* buf, size_t bytes) override;
+  std::string Name() const override;
+
+  // Moves as much queued data as the slots allow, in both directions.
+  void Progress();
+  // Drops a transfer from the queues (cancelled or destroyed early).
+  void Forget(ShmTransfer* t);
+
+  struct Segment {
+    void* addr = nullptr;
+    size_t bytes = 0;
+    ~Segment();
+  };
+
+ private:
+  explicit ShmTransport(std::unique_ptr<MpiTransport> mpi);
+  void PushSends();
+  void PullRecvs();
+
+  std::unique_ptr<MpiTransport> mpi_;
+  int right_ = -1, left_ = -1;
+  std::unique_ptr<Segment> out_;  // this rank -> right neighbour
+  std::unique_ptr<Segment> in_;   // left neighbour -> this rank
+  uint64_t out_head_ = 0;         // fragments published (we own the head)
+  uint64_t in_tail_ = 0;          // fragments consumed (we own the tail)
+  std::deque<ShmTransfer*> sends_, recvs_;
+  Status broken_;                 // set once the incoming stream is corrupt
+};
+
+}  // namespace kerasdist
