@@ -40,7 +40,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             `None`, which uses the number of steps `model.fit()` reports.
         verbose: If positive, rank 0 prints the learning rate when the
             warmup ends (and, once, that momentum correction is not
-            applied). Defaults to 0.
+            applied, if the optimizer uses momentum). Defaults to 0.
 
     Raises:
         ValueError: If an argument has an invalid value; when training
@@ -96,13 +96,23 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         super().on_train_begin(logs)
         self._size = runtime.size()
         self._warming = False
-        if (self.verbose and self.momentum_correction
+        if (self.verbose and self.momentum_correction and self._has_momentum()
                 and not self._momentum_note_done and runtime.rank() == 0):
             self._momentum_note_done = True
             print("LearningRateWarmupCallback: `momentum_correction` has no "
                   "effect with Keras 3 optimizers (their momentum is a "
                   "constant of the compiled train step); the momentum is "
                   "left unchanged.", flush=True)
+
+    def _has_momentum(self):
+        """True if the optimizer uses momentum (e.g. SGD with momentum > 0),
+        the only case where a momentum correction would matter."""
+        opt = self.model.optimizer
+        opt = getattr(opt, "inner_optimizer", opt)  # LossScaleOptimizer
+        try:
+            return float(getattr(opt, "momentum", 0.0) or 0.0) > 0.0
+        except (TypeError, ValueError):
+            return True
 
     def on_train_batch_begin(self, batch, logs=None):
         epoch = self._epoch + batch / self._steps

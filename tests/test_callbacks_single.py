@@ -100,6 +100,11 @@ def test_warmup_at_size_one_keeps_initial_lr(capsys):
     out = capsys.readouterr().out
     assert "Epoch 2: finished learning rate warmup to 0.1." in out
     assert out.count("momentum_correction") == 1
+    # Without momentum (Adam) there is nothing to correct and no note.
+    model = make_model(optimizer=keras.optimizers.Adam(0.5), run_eagerly=False)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+              callbacks=[LearningRateWarmupCallback(0.1, warmup_epochs=2, verbose=1)])
+    assert "momentum_correction" not in capsys.readouterr().out
 
 
 def test_warmup_errors():
