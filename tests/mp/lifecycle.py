@@ -55,6 +55,8 @@ def run():
             for want in ("ring_reduce_scatter", "ring_allgather", "memcpy_in_fusion_buffer"):
                 assert want in names, (want, names)
             assert any(e.get("args", {}).get("tensors", "").startswith("tl.") for e in events)
+            negotiations = [e for e in events if e.get("tid") == 1 and e["name"] == "tl.0"]
+            assert negotiations and negotiations[0]["args"] == {"op": "allreduce"}, negotiations
             fused = [e for e in events if e["name"] == "memcpy_in_fusion_buffer"
                      and e.get("args", {}).get("tensors", "").startswith("eg.")]
             assert fused and fused[0]["args"]["tensors"].count("eg.") == 4, fused

@@ -308,7 +308,7 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
       }
       if (reqs.back() && timeline_.enabled())
         timeline_.Event(it->second.name, kRowNegotiation, it->second.enqueue_us,
-                        start, OpTypeName(resp.type));
+                        start, OpTypeName(resp.type), "op");
     }
     Status s;
     if (!resp.error.empty()) {

@@ -47,15 +47,15 @@ bool Timeline::Open(const std::string& path, int rank) {
 }
 
 void Timeline::Event(const std::string& name, int row, int64_t start_us,
-                     int64_t end_us, const std::string& tensors) {
+                     int64_t end_us, const std::string& value, const char* key) {
   if (!file_) return;
   std::fprintf(file_,
                ",\n{\"name\":\"%s\",\"cat\":\"kerasdist\",\"ph\":\"X\",\"pid\":%d,"
-               "\"tid\":%d,\"ts\":%lld,\"dur\":%lld,\"args\":{\"tensors\":\"%s\"}}",
+               "\"tid\":%d,\"ts\":%lld,\"dur\":%lld,\"args\":{\"%s\":\"%s\"}}",
                JsonEscape(name).c_str(), rank_, row,
                static_cast<long long>(start_us - origin_us_),
-               static_cast<long long>(end_us - start_us),
-               JsonEscape(tensors).c_str());
+               static_cast<long long>(end_us - start_us), JsonEscape(key).c_str(),
+               JsonEscape(value).c_str());
 }
 
 void Timeline::Close() {

@@ -21,9 +21,11 @@ class Timeline {
   // Opens `path` for writing; returns false (and stays disabled) on failure.
   bool Open(const std::string& path, int rank);
   bool enabled() const { return file_ != nullptr; }
-  // A complete event from start_us to end_us (NowMicros() clock).
+  // A complete event from start_us to end_us (NowMicros() clock), with one
+  // string argument: `args.<key>` = value (by default the tensors' names).
   void Event(const std::string& name, int row, int64_t start_us,
-             int64_t end_us, const std::string& tensors);
+             int64_t end_us, const std::string& value,
+             const char* key = "tensors");
   void Close();
 
  private:
