@@ -1,6 +1,8 @@
 """Multi-process tests: each runs a script under the environment's mpiexec
 at 2 and 3 ranks (3 ranks give uneven chunks) with a hard timeout."""
 
+import re
+
 import pytest
 
 from conftest import run_mpi
@@ -21,6 +23,19 @@ def test_shared_memory_links_and_mpi_fallback_are_exact(np_, off):
     # off: world ranks started with KERASDIST_SHM=0; their links use MPI.
     out = run_mpi("shm.py", np_, timeout=240, env={"KD_TEST_SHM_OFF": off}).stdout
     assert out.count("shm checks passed") == np_
+
+
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_frozen_peer_mid_allreduce_is_a_bounded_error_naming_it(shm):
+    out = run_mpi("dead_peer.py", 2, timeout=120, check=False,
+                  env={"KERASDIST_SHM": shm, "KERASDIST_TIMEOUT_SECONDS": "3",
+                       "KERASDIST_STALL_CHECK_TIME_SECONDS": "1",
+                       "KERASDIST_STALL_SHUTDOWN_TIME_SECONDS": "3"}).stdout
+    line = next((l for l in out.splitlines() if "survivor error after" in l), None)
+    assert line, out[-4000:]
+    # Mid-transfer it is the transfer timeout; mid-negotiation the stall abort.
+    assert re.search(r"(from|to) rank 1\b|ranks \[1\]", line), line
+    assert float(re.search(r"after ([0-9.]+) s", line).group(1)) < 60, line
 
 
 @pytest.mark.parametrize("np_", [2, 3])
