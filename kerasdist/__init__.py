@@ -2,76 +2,93 @@
 
 Import it as Horovod's Keras module (`import kerasdist as hvd`): the names
 and arguments follow Horovod's.
+
+The public names are loaded on first use, so that `import kerasdist` (and
+the `kerasdist-run` launcher, which lives in this package) does not pay for
+importing TensorFlow until something needs it.
 """
 
-from kerasdist.compression import Compression
-from kerasdist.optimizer import DistributedOptimizer, load_model
-from kerasdist.functions import allgather_object, broadcast_object, broadcast_variables
-from kerasdist.ops import (
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allgather,
-    allreduce,
-    barrier,
-    broadcast,
-    grouped_allreduce,
-    join,
-)
-from kerasdist.runtime import (
-    build_info,
-    cross_rank,
-    cross_size,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-)
-
-from kerasdist import data  # noqa: E402
-from kerasdist.launch import run  # noqa: E402
-from kerasdist.schedules import LinearWarmup, scale_learning_rate  # noqa: E402
-
-
-def _attach_source_callbacks():
-    """Makes `kerasdist.callbacks` importable from a source checkout.
-
-    `callbacks/` sits at the top of the source tree and setup.py installs it
-    as `kerasdist.callbacks`. A legacy editable install (or PYTHONPATH) does
-    not apply that mapping, so load the directory under that name here.
-    """
-    import importlib.util
-    import os
-    import sys
-
-    if importlib.util.find_spec("kerasdist.callbacks") is not None:
-        return
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    init = os.path.join(root, "callbacks", "__init__.py")
-    if not os.path.isfile(init):
-        return
-    spec = importlib.util.spec_from_file_location(
-        "kerasdist.callbacks", init,
-        submodule_search_locations=[os.path.dirname(init)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kerasdist.callbacks"] = module
-    spec.loader.exec_module(module)
-
-
-_attach_source_callbacks()
-import kerasdist.callbacks as callbacks  # noqa: E402
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Average", "Compression", "DistributedOptimizer", "LinearWarmup", "Max", "Min", "Product", "Sum",
-    "allgather", "allgather_object", "allreduce", "barrier", "broadcast",
-    "broadcast_object", "broadcast_variables", "build_info", "callbacks", "data", "cross_rank",
-    "cross_size", "grouped_allreduce", "init", "is_initialized", "join", "load_model",
-    "local_rank", "local_size", "rank", "run", "scale_learning_rate", "shutdown", "size",
-]
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "Compression": "kerasdist.compression",
+    "DistributedOptimizer": "kerasdist.optimizer",
+    "load_model": "kerasdist.optimizer",
+    "allgather_object": "kerasdist.functions",
+    "broadcast_object": "kerasdist.functions",
+    "broadcast_variables": "kerasdist.functions",
+    "LinearWarmup": "kerasdist.schedules",
+    "scale_learning_rate": "kerasdist.schedules",
+    "run": "kerasdist.launch",
+}
+for _name in ("Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce",
+              "barrier", "broadcast", "grouped_allreduce", "join"):
+    _EXPORTS[_name] = "kerasdist.ops"
+for _name in ("build_info", "cross_rank", "cross_size", "init", "is_initialized",
+              "local_rank", "local_size", "rank", "shutdown", "size"):
+    _EXPORTS[_name] = "kerasdist.runtime"
+del _name
+
+__all__ = sorted(list(_EXPORTS) + ["callbacks", "data"])
+
+
+class _SourceCallbacksFinder:
+    """Finds `kerasdist.callbacks` in a source checkout.
+
+    `callbacks/` sits at the top of the source tree and setup.py installs it
+    as `kerasdist.callbacks`. A legacy editable install (or PYTHONPATH) does
+    not apply that mapping; this finder, consulted after the regular ones,
+    does, without importing anything until the package is used.
+    """
+
+    def __init__(self, init_path):
+        self._init = init_path
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "kerasdist.callbacks":
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, self._init,
+            submodule_search_locations=[os.path.dirname(self._init)])
+
+
+def _attach_source_callbacks():
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.isfile(os.path.join(here, "callbacks", "__init__.py")):
+        return  # installed normally
+    init = os.path.join(os.path.dirname(here), "callbacks", "__init__.py")
+    if not os.path.isfile(init):
+        return
+    if not any(isinstance(f, _SourceCallbacksFinder) for f in sys.meta_path):
+        sys.meta_path.append(_SourceCallbacksFinder(init))
+
+
+_attach_source_callbacks()
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("__"):
+        try:  # a submodule such as `kerasdist.callbacks` or `kerasdist.data`
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'kerasdist' has no attribute '{name}'") from None
+    else:
+        raise AttributeError(f"module 'kerasdist' has no attribute '{name}'")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

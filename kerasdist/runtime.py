@@ -193,6 +193,7 @@ def init(comm=None):
     ctx.name_counters = {}
     ctx.initialized = True
     _set_thread_pools(ctx.local_size)
+    import kerasdist.ops  # noqa: F401  (registers the ops' gradients)
     if not ctx.atexit_registered:
         atexit.register(shutdown)
         ctx.atexit_registered = True

@@ -7,6 +7,7 @@ the `kerasdist` package (TensorFlow, the op library) nor depend on it, except
 
 import importlib.util
 import json
+import os
 import pathlib
 import re
 import signal
@@ -364,3 +365,19 @@ def test_check_build():
     assert "TensorFlow:" in out.stdout and "MPI library (mpi4py):" in out.stdout
     ops = re.search(r"Ops:\s*(.*)", out.stdout).group(1)
     assert ops.strip(), out.stdout
+
+
+def test_package_and_launcher_import_without_tensorflow():
+    # kerasdist-run starts mpiexec without first importing TensorFlow; the
+    # public names load on first use, callbacks included.
+    code = ("import sys, kerasdist, kerasdist.runner\n"
+            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
+            "from kerasdist.callbacks import MetricAverageCallback\n"
+            "assert kerasdist.allreduce.__module__ == 'kerasdist.ops'\n"
+            "assert 'callbacks' in dir(kerasdist) and 'init' in kerasdist.__all__\n"
+            "try:\n    kerasdist.no_such_name\nexcept AttributeError as e:\n"
+            "    print('OK', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK module 'kerasdist' has no attribute 'no_such_name'" in out.stdout
