@@ -242,6 +242,13 @@ class _Demux:
     def _add(self, seg):
         while seg:
             nl = seg.find(b"\n") + 1
+            cr = seg.find(b"\r") + 1
+            if cr and (not nl or cr < nl - 1):
+                # A carriage return (not of "\r\n"): an in-place update such
+                # as a progress bar. The rank keeps writing the same line.
+                self._emit(self._rank, self._partial.pop(self._rank, b"") + seg[:cr])
+                seg = seg[cr:]
+                continue
             if not nl:
                 self._partial[self._rank] = self._partial.get(self._rank, b"") + seg
                 return
@@ -251,11 +258,19 @@ class _Demux:
             seg, self._rank = seg[nl:], None
 
 
+_NOBODY = object()  # no rank's line is being redrawn in place
+
+
 class _Sink:
     """Writes lines to a console stream (rank-prefixed) and per-rank files."""
 
     def __init__(self, stream, name, output_dir, num_proc):
         self._stream, self._files = stream, {}
+        try:  # on a terminal, in-place updates ("\r") are redrawn live
+            self._live = bool(stream is not None and stream.isatty())
+        except (AttributeError, ValueError):
+            self._live = False
+        self._held, self._inplace = {}, _NOBODY
         for rank in range(num_proc if output_dir else 0):
             os.makedirs(os.path.join(output_dir, f"rank.{rank}"), exist_ok=True)
             self._files[rank] = open(
@@ -265,8 +280,28 @@ class _Sink:
         if rank in self._files:
             self._files[rank].write(line)
             self._files[rank].flush()
-        text = line if line.endswith(b"\n") else line + b"\n"
-        text = text if rank is None else b"[%d] " % rank + text
+        prefix = b"" if rank is None else b"[%d] " % rank
+        if line.endswith(b"\r") and not line.endswith(b"\r\n"):
+            if not self._live:  # a file or pipe: show the line once it ends
+                self._held[rank] = self._held.get(rank, b"") + line
+                return
+            shown = line.rstrip(b"\r\b")
+            if not shown:
+                return
+            # Redraw this rank's line in place (a new row if another rank's
+            # update was showing), then clear what is left of the old one.
+            sep = b"\n" if self._inplace not in (_NOBODY, rank) else b""
+            self._inplace = rank
+            return self._write(sep + b"\r" + prefix + shown + b"\x1b[K")
+        if self._live:
+            sep = {_NOBODY: b"", rank: b"\r"}.get(self._inplace, b"\n")
+            self._inplace = _NOBODY
+        else:
+            sep, line = b"", self._held.pop(rank, b"") + line
+        text = line[:-1] if line.endswith(b"\n") else line
+        self._write(sep + prefix + text + (b"\x1b[K\n" if sep == b"\r" else b"\n"))
+
+    def _write(self, text):
         try:
             if self._stream is None:
                 return

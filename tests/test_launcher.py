@@ -381,3 +381,37 @@ def test_package_and_launcher_import_without_tensorflow():
                          timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK module 'kerasdist' has no attribute 'no_such_name'" in out.stdout
+
+
+class _FakeConsole:
+    def __init__(self, tty):
+        self.buffer, self._tty = __import__("io").BytesIO(), tty
+
+    def isatty(self):
+        return self._tty
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_bar_updates_relay(tty):
+    # Keras draws its bar as "\b...\r<text>"; rank 1 prints a line meanwhile.
+    m0, m1 = b"\x1ekd:0\x1f", b"\x1ekd:1\x1f"
+    data = (m0 + b"Epoch 1\n" + m0 + b"\r1/3 [=..]" + b"\b" * 10 + b"\r2/3 [==.]"
+            + m1 + b"hello\n" + m0 + b"\b" * 10 + b"\r3/3 [===] - loss: 1\n")
+    for step in (1, 7, 1000):
+        console = _FakeConsole(tty)
+        sink = runner._Sink(console, "stdout", None, 2)
+        demux = runner._Demux("mpich", sink)
+        for i in range(0, len(data), step):
+            demux.feed(data[i:i + step])
+        demux.feed(b"", final=True)
+        out = console.buffer.getvalue()
+        if tty:  # redrawn in place; the other rank's line gets its own row
+            # (2/3 is complete only at its "\r", after rank 1's line.)
+            assert out == (b"[0] Epoch 1\n\r[0] 1/3 [=..]\x1b[K\n[1] hello\n"
+                           b"\r[0] 2/3 [==.]\x1b[K\r[0] 3/3 [===] - loss: 1\x1b[K\n"), (step, out)
+        else:  # a pipe or file: the whole line once it ends, as before
+            assert out.count(b"\n") == 3 and b"[1] hello\n" in out, (step, out)
+            assert out.endswith(b"3/3 [===] - loss: 1\n") and b"\r2/3" in out, (step, out)
