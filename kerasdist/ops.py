@@ -299,39 +299,31 @@ def _grad_name(op, suffix):
     return f"{base}.{suffix}" if base else None
 
 
-@tf.RegisterGradient("KerasdistAllreduce")
-def _allreduce_grad(op, grad):
+def _reduce_grad_args(op, kind):
+    """The arguments that reduce the incoming gradients of an allreduce op."""
     reduce_op = op.get_attr("reduce_op")
     if reduce_op not in (Average, Sum):
         raise ValueError(
-            "allreduce is differentiable only for op=Average or op=Sum. "
+            f"{kind} is differentiable only for op=Average or op=Sum. "
             f"Received: op={_OP_NAMES.get(reduce_op, reduce_op)}"
         )
-    return allreduce(
-        grad,
+    return dict(
         op=reduce_op,
         name=_grad_name(op, "grad"),
         prescale_factor=op.get_attr("prescale_factor"),
         postscale_factor=op.get_attr("postscale_factor"),
     )
+
+
+@tf.RegisterGradient("KerasdistAllreduce")
+def _allreduce_grad(op, grad):
+    return allreduce(grad, **_reduce_grad_args(op, "allreduce"))
 
 
 @tf.RegisterGradient("KerasdistGroupedAllreduce")
 def _grouped_allreduce_grad(op, *grads):
-    reduce_op = op.get_attr("reduce_op")
-    if reduce_op not in (Average, Sum):
-        raise ValueError(
-            "grouped_allreduce is differentiable only for op=Average or "
-            f"op=Sum. Received: op={_OP_NAMES.get(reduce_op, reduce_op)}"
-        )
     grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, op.inputs)]
-    return grouped_allreduce(
-        grads,
-        op=reduce_op,
-        name=_grad_name(op, "grad"),
-        prescale_factor=op.get_attr("prescale_factor"),
-        postscale_factor=op.get_attr("postscale_factor"),
-    )
+    return grouped_allreduce(grads, **_reduce_grad_args(op, "grouped_allreduce"))
 
 
 @tf.RegisterGradient("KerasdistAllgather")

@@ -52,20 +52,9 @@ std::string Engine::Prefix() const {
 }
 
 void Engine::Enqueue(Request request) {
-  request.enqueue_us = NowMicros();
-  Status stopped;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!stopped_ && !shutdown_requested_) {
-      queue_.push_back(std::move(request));
-      cv_.notify_one();
-      return;
-    }
-    stopped = stopped_ ? final_status_
-                       : Status(StatusCode::kShutdown,
-                                Prefix() + "kerasdist is shutting down");
-  }
-  request.done(stopped);
+  std::vector<Request> one;
+  one.push_back(std::move(request));
+  EnqueueBatch(std::move(one));
 }
 
 void Engine::EnqueueBatch(std::vector<Request> requests) {

@@ -94,23 +94,38 @@ class CollectiveKernel : public AsyncOpKernel {
   std::string tensor_name_;
 };
 
-class AllreduceOp : public CollectiveKernel {
+// The attributes shared by the reducing kernels.
+class ReduceKernel : public CollectiveKernel {
  public:
-  explicit AllreduceOp(OpKernelConstruction* c) : CollectiveKernel(c) {
+  explicit ReduceKernel(OpKernelConstruction* c) : CollectiveKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
     OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
     OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
     OP_REQUIRES(c, reduce_op_ >= 0 && reduce_op_ <= 4,
                 errors::InvalidArgument("Invalid reduce_op ", reduce_op_));
   }
+
+ protected:
+  void SetReduce(TensorMeta* meta) const {
+    meta->reduce_op = static_cast<ReduceOp>(reduce_op_);
+    meta->prescale = prescale_;
+    meta->postscale = postscale_;
+  }
+
+ private:
+  int reduce_op_;
+  float prescale_, postscale_;
+};
+
+class AllreduceOp : public ReduceKernel {
+ public:
+  using ReduceKernel::ReduceKernel;
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto live = Live(ctx);
     if (!live) return done();
     Request r = NewRequest(ctx, done, OpType::kAllreduce);
     if (!InputMeta(ctx, &r.meta)) return done();
-    r.meta.reduce_op = static_cast<ReduceOp>(reduce_op_);
-    r.meta.prescale = prescale_;
-    r.meta.postscale = postscale_;
+    SetReduce(&r.meta);
     const Tensor& in = ctx->input(0);
     Tensor* out = nullptr;
     OP_REQUIRES_OK_ASYNC(
@@ -119,24 +134,14 @@ class AllreduceOp : public CollectiveKernel {
     r.output = const_cast<char*>(out->tensor_data().data());
     live->engine()->Enqueue(std::move(r));
   }
-
- private:
-  int reduce_op_;
-  float prescale_, postscale_;
 };
 
 // N tensors in one kernel: all N requests reach the engine together, so the
 // engine fuses them even when the op runs eagerly. Tensor i is named
 // "<name>.<i>"; the kernel completes when every one of them has.
-class GroupedAllreduceOp : public CollectiveKernel {
+class GroupedAllreduceOp : public ReduceKernel {
  public:
-  explicit GroupedAllreduceOp(OpKernelConstruction* c) : CollectiveKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
-    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
-    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
-    OP_REQUIRES(c, reduce_op_ >= 0 && reduce_op_ <= 4,
-                errors::InvalidArgument("Invalid reduce_op ", reduce_op_));
-  }
+  using ReduceKernel::ReduceKernel;
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto live = Live(ctx);
     if (!live) return done();
@@ -160,9 +165,7 @@ class GroupedAllreduceOp : public CollectiveKernel {
         return done();
       }
       r.meta.shape = Dims(in.shape());
-      r.meta.reduce_op = static_cast<ReduceOp>(reduce_op_);
-      r.meta.prescale = prescale_;
-      r.meta.postscale = postscale_;
+      SetReduce(&r.meta);
       Tensor* out = nullptr;
       OP_REQUIRES_OK_ASYNC(
           ctx, ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out), done);
@@ -176,10 +179,6 @@ class GroupedAllreduceOp : public CollectiveKernel {
     }
     live->engine()->EnqueueBatch(std::move(reqs));
   }
-
- private:
-  int reduce_op_;
-  float prescale_, postscale_;
 };
 
 class AllgatherOp : public CollectiveKernel {
