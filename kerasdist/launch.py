@@ -13,12 +13,10 @@ what each rank returned, e.g. from a notebook:
 """
 
 import collections
-import linecache
 import math
 import numbers
 import os
 import pickle
-import re
 import selectors
 import shlex
 import shutil
@@ -28,9 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 
 from kerasdist import runner
+from kerasdist._tracebacks import resolve as resolve_tracebacks
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "_run_worker.py")
@@ -274,64 +272,6 @@ def _quote(lines, rank=None):
                    for line in lines)
 
 
-_DYNAMIC_FRAME = re.compile(r'^  File "<dynamic-code>", line (\d+), in (.+)$')
-
-
-def _reachable_code(fn, limit=200):
-    """Code objects of `fn` and of the functions it references, nested ones
-    included: what cloudpickle may have sent by value."""
-    codes, seen_fns, todo = [], set(), [fn]
-    while todo and len(codes) < limit:
-        f = todo.pop()
-        f = getattr(f, "__func__", getattr(f, "func", f))  # Method, partial.
-        if not isinstance(f, types.FunctionType) or id(f) in seen_fns:
-            continue
-        seen_fns.add(id(f))
-        stack = [f.__code__]
-        while stack:
-            code = stack.pop()
-            codes.append(code)
-            stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-            todo += [f.__globals__[n] for n in code.co_names
-                     if n in f.__globals__]
-        for cell in f.__closure__ or ():
-            try:
-                todo.append(cell.cell_contents)
-            except ValueError:  # Empty cell.
-                pass
-    return codes
-
-
-def _resolve_dynamic_frames(text, fn):
-    """Restores the file names and source lines that cloudpickle dropped
-    (`File "<dynamic-code>"`) from the tracebacks of functions sent by value,
-    matching the frames against the caller's code objects."""
-    if "<dynamic-code>" not in text:
-        return text
-    codes = _reachable_code(fn)
-    out = []
-    for line in text.splitlines(keepends=True):
-        match = _DYNAMIC_FRAME.match(line.rstrip("\n"))
-        if match:
-            lineno, name = int(match.group(1)), match.group(2)
-            files = {c.co_filename for c in codes if c.co_name == name and
-                     lineno in {n for _, _, n in c.co_lines()}}
-            if len(files) == 1:
-                filename = files.pop()
-                out.append(f'  File "{filename}", line {lineno}, in {name}\n')
-                source = linecache.getline(filename, lineno).strip()
-                if source:
-                    out.append(f"    {source}\n")
-                continue
-        out.append(line)
-    return "".join(out)
-
-
-def _resolve(errors, fn):
-    return {rank: dict(rec, traceback=_resolve_dynamic_frames(
-        rec["traceback"], fn)) for rank, rec in errors.items()}
-
-
 def _failure_message(job, np, errors, missing, aborted_after):
     failed = sorted(set(errors) | set(missing))
     parts = [f"kerasdist.run: {_ranks_text(failed)} of {np} failed."]
@@ -471,7 +411,7 @@ def run(fn, args=(), kwargs=None, np=2, hosts=None, env=None, timeout=None,
                 errors = {r: rec for r, rec in job.records.items()
                           if rec["status"] != "ok"}
                 if errors:  # What went wrong first matters more.
-                    text += "\n\n" + _failure_message(job, np, _resolve(
+                    text += "\n\n" + _failure_message(job, np, resolve_tracebacks(
                         errors, fn), [], None)
                 raise TimeoutError(text)
             if abort_at is not None and now >= abort_at:
@@ -491,7 +431,7 @@ def run(fn, args=(), kwargs=None, np=2, hosts=None, env=None, timeout=None,
         errors, values = {}, {}
         for rank, rec in job.records.items():
             if rec["status"] != "ok":
-                errors.update(_resolve({rank: rec}, fn))
+                errors.update(resolve_tracebacks({rank: rec}, fn))
                 continue
             try:
                 values[rank] = cloudpickle.loads(rec["value"])
