@@ -193,7 +193,7 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
             results[i] = allreduce(
-                t, op, f"{base}.sparse.{i}" if base else None, prescale_factor,
+                t, op, _derived(base, f"sparse.{i}"), prescale_factor,
                 postscale_factor, compression, sparse_as_dense)
             continue
         t = tf.convert_to_tensor(t)

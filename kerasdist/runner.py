@@ -281,7 +281,7 @@ class _Sink:
             self._files[rank].write(line)
             self._files[rank].flush()
         prefix = b"" if rank is None else b"[%d] " % rank
-        if line.endswith(b"\r") and not line.endswith(b"\r\n"):
+        if line.endswith(b"\r"):  # an in-place update (see _Demux)
             if not self._live:  # a file or pipe: show the line once it ends
                 self._held[rank] = self._held.get(rank, b"") + line
                 return

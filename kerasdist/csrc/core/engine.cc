@@ -51,21 +51,21 @@ std::string Engine::Prefix() const {
   return "rank " + std::to_string(rank_) + "/" + std::to_string(size_) + ": ";
 }
 
-void Engine::Enqueue(Request request) {
-  std::vector<Request> one;
-  one.push_back(std::move(request));
-  EnqueueBatch(std::move(one));
-}
+void Engine::Enqueue(Request request) { EnqueueMany(&request, 1); }
 
 void Engine::EnqueueBatch(std::vector<Request> requests) {
+  EnqueueMany(requests.data(), requests.size());
+}
+
+void Engine::EnqueueMany(Request* requests, size_t n) {
   const int64_t now = NowMicros();
   Status stopped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!stopped_ && !shutdown_requested_) {
-      for (Request& r : requests) {
-        r.enqueue_us = now;
-        queue_.push_back(std::move(r));
+      for (size_t i = 0; i < n; ++i) {
+        requests[i].enqueue_us = now;
+        queue_.push_back(std::move(requests[i]));
       }
       cv_.notify_one();
       return;
@@ -74,7 +74,7 @@ void Engine::EnqueueBatch(std::vector<Request> requests) {
                        : Status(StatusCode::kShutdown,
                                 Prefix() + "kerasdist is shutting down");
   }
-  for (Request& r : requests) r.done(stopped);
+  for (size_t i = 0; i < n; ++i) requests[i].done(stopped);
 }
 
 void Engine::Shutdown() {

@@ -69,6 +69,7 @@ class Engine {
 
  private:
   void Loop();
+  void EnqueueMany(Request* requests, size_t n);  // moves from requests
   void TakeNewRequests(RequestList* mine, bool* progressed);
   bool Execute(const ResponseList& list, Status* exit_status);
   Status RunResponse(const Response& resp, std::vector<Request*>& reqs);

@@ -80,6 +80,19 @@ Status WaitTransfer(Transfer* t, int64_t timeout_ms) {
   return t->status();
 }
 
+// Polls a setup request (init time only, not the data path) until it
+// completes or `timeout_ms` passes; returns whether it completed.
+static bool WaitRequest(MPI_Request* req, int64_t timeout_ms) {
+  const int64_t deadline = NowMicros() + timeout_ms * 1000;
+  int flag = 0;
+  while (true) {
+    MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    if (flag) return true;
+    if (NowMicros() > deadline) return false;
+    SleepMicros(100);
+  }
+}
+
 MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -98,22 +111,14 @@ Status MpiTransport::Create(MPI_Comm comm, int64_t timeout_ms,
   if (MPI_Comm_idup(comm, &dup, &req) != MPI_SUCCESS) {
     return Status(StatusCode::kInternal, "MPI_Comm_idup failed");
   }
-  const int64_t deadline = NowMicros() + timeout_ms * 1000;
-  int flag = 0;
-  while (true) {
-    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-    if (flag) break;
-    if (NowMicros() > deadline) {
-      int rank = 0, size = 1;
-      MPI_Comm_rank(comm, &rank);
-      MPI_Comm_size(comm, &size);
-      return Status(StatusCode::kTimeout,
-                    "rank " + std::to_string(rank) + "/" +
-                        std::to_string(size) + ": timed out after " +
-                        std::to_string(timeout_ms) +
-                        " ms waiting for all ranks to call init()");
-    }
-    SleepMicros(100);
+  if (!WaitRequest(&req, timeout_ms)) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    return Status(StatusCode::kTimeout,
+                  "rank " + std::to_string(rank) + "/" + std::to_string(size) +
+                      ": timed out after " + std::to_string(timeout_ms) +
+                      " ms waiting for all ranks to call init()");
   }
   out->reset(new MpiTransport(dup));
   return Status::OK();
@@ -126,19 +131,11 @@ Status MpiTransport::Allgather(const void* mine, size_t bytes, void* all,
                      static_cast<int>(bytes), MPI_BYTE, comm_, &req) != MPI_SUCCESS) {
     return Status(StatusCode::kInternal, "MPI_Iallgather failed");
   }
-  const int64_t deadline = NowMicros() + timeout_ms * 1000;
-  int flag = 0;
-  while (true) {
-    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-    if (flag) return Status::OK();
-    if (NowMicros() > deadline) {
-      return Status(StatusCode::kTimeout,
-                    "rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
-                        ": timed out after " + std::to_string(timeout_ms) +
-                        " ms exchanging transport setup with the other ranks");
-    }
-    SleepMicros(50);
-  }
+  if (WaitRequest(&req, timeout_ms)) return Status::OK();
+  return Status(StatusCode::kTimeout,
+                "rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
+                    ": timed out after " + std::to_string(timeout_ms) +
+                    " ms exchanging transport setup with the other ranks");
 }
 
 MpiTransport::~MpiTransport() {

@@ -79,23 +79,20 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
 
   auto post_recv = [&](size_t k) -> Status {
     const SegmentRecv& e = recvs[k];
-    char* dest;
-    if (steps[e.step].reduce && fused_reduce) {
-      // Reducing in place: likewise, an earlier send must have left.
+    const bool reduce = steps[e.step].reduce;
+    if (!reduce || fused_reduce) {
+      // Writing into the segment in place: an earlier send out of it must
+      // be done.
       Status s = WaitAll(&sends[e.offset], options.timeout_ms);
       if (!s.ok()) return s;
+    }
+    if (reduce && fused_reduce) {
       inflight[k % window] = transport->IrecvReduce(left, kTagData, buf + e.offset,
                                                     e.bytes, dtype, op);
-      return Status::OK();
-    } else if (steps[e.step].reduce) {
-      dest = scratch->data() + (k % window) * seg_bytes;
     } else {
-      // Receiving in place: an earlier send out of this segment must be done.
-      Status s = WaitAll(&sends[e.offset], options.timeout_ms);
-      if (!s.ok()) return s;
-      dest = buf + e.offset;
+      char* dest = reduce ? scratch->data() + (k % window) * seg_bytes : buf + e.offset;
+      inflight[k % window] = transport->Irecv(left, kTagData, dest, e.bytes);
     }
-    inflight[k % window] = transport->Irecv(left, kTagData, dest, e.bytes);
     return Status::OK();
   };
 

@@ -48,6 +48,12 @@ uint64_t FragmentCount(size_t bytes) {
   return std::max<uint64_t>(1, (bytes + kSlotBytes - 1) / kSlotBytes);
 }
 
+// Bytes in fragment `k` of a `bytes`-byte message (0 for an empty one).
+size_t FragmentBytes(size_t bytes, uint64_t k) {
+  const size_t off = std::min<size_t>(k * kSlotBytes, bytes);
+  return std::min(kSlotBytes, bytes - off);
+}
+
 std::unique_ptr<ShmTransport::Segment> MapSegment(const std::string& name,
                                                   bool create) {
   const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
@@ -238,7 +244,7 @@ void ShmTransport::PushSends() {
         if (out_head_ - tail >= kSlots) return;  // full: the receiver is behind
       }
       const size_t off = t->moved_ * kSlotBytes;
-      const size_t n = std::min(kSlotBytes, t->bytes() - std::min(off, t->bytes()));
+      const size_t n = FragmentBytes(t->bytes(), t->moved_);
       if (n) std::memcpy(Slot(out_.get(), out_head_), t->src_ + off, n);
       h->fragment_bytes[out_head_ % kSlots] = n;
       ++out_head_;
@@ -261,7 +267,7 @@ void ShmTransport::PullRecvs() {
         if (in_tail_ == head) return;  // nothing new from the sender
       }
       const size_t off = t->moved_ * kSlotBytes;
-      const size_t want = std::min(kSlotBytes, t->bytes() - std::min(off, t->bytes()));
+      const size_t want = FragmentBytes(t->bytes(), t->moved_);
       const size_t got = h->fragment_bytes[in_tail_ % kSlots];
       if (got != want) {
         // Both ends post the same sizes in the same order; anything else

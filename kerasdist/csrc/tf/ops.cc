@@ -79,8 +79,8 @@ class CollectiveKernel : public AsyncOpKernel {
     };
     return r;
   }
-  bool InputMeta(OpKernelContext* ctx, TensorMeta* meta) {
-    const Tensor& in = ctx->input(0);
+  bool InputMeta(OpKernelContext* ctx, TensorMeta* meta, int i = 0) {
+    const Tensor& in = ctx->input(i);
     if (!ToDataType(in.dtype(), &meta->dtype)) {
       ctx->SetStatus(errors::InvalidArgument(
           "Unsupported dtype for a kerasdist collective: ",
@@ -106,10 +106,24 @@ class ReduceKernel : public CollectiveKernel {
   }
 
  protected:
-  void SetReduce(TensorMeta* meta) const {
-    meta->reduce_op = static_cast<ReduceOp>(reduce_op_);
-    meta->prescale = prescale_;
-    meta->postscale = postscale_;
+  // Describes input i in `r` and binds output i to it (reusing the input's
+  // buffer when TensorFlow allows). On failure sets ctx's status and
+  // returns false.
+  bool BindInput(OpKernelContext* ctx, int i, Request* r) {
+    if (!InputMeta(ctx, &r->meta, i)) return false;
+    r->meta.reduce_op = static_cast<ReduceOp>(reduce_op_);
+    r->meta.prescale = prescale_;
+    r->meta.postscale = postscale_;
+    const Tensor& in = ctx->input(i);
+    Tensor* out = nullptr;
+    tensorflow::Status s = ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out);
+    if (!s.ok()) {
+      ctx->SetStatus(s);
+      return false;
+    }
+    r->input = in.tensor_data().data();
+    r->output = const_cast<char*>(out->tensor_data().data());
+    return true;
   }
 
  private:
@@ -124,14 +138,7 @@ class AllreduceOp : public ReduceKernel {
     auto live = Live(ctx);
     if (!live) return done();
     Request r = NewRequest(ctx, done, OpType::kAllreduce);
-    if (!InputMeta(ctx, &r.meta)) return done();
-    SetReduce(&r.meta);
-    const Tensor& in = ctx->input(0);
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK_ASYNC(
-        ctx, ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out), done);
-    r.input = in.tensor_data().data();
-    r.output = const_cast<char*>(out->tensor_data().data());
+    if (!BindInput(ctx, 0, &r)) return done();
     live->engine()->Enqueue(std::move(r));
   }
 };
@@ -154,23 +161,10 @@ class GroupedAllreduceOp : public ReduceKernel {
     // the hand-off back to TensorFlow.
     auto remaining = std::make_shared<std::atomic<int>>(n);
     for (int i = 0; i < n; ++i) {
-      const Tensor& in = ctx->input(i);
       Request r;
       r.name = base + "." + std::to_string(i);
       r.meta.type = OpType::kAllreduce;
-      if (!ToDataType(in.dtype(), &r.meta.dtype)) {
-        ctx->SetStatus(errors::InvalidArgument(
-            "Unsupported dtype for a kerasdist collective: ",
-            tensorflow::DataTypeString(in.dtype())));
-        return done();
-      }
-      r.meta.shape = Dims(in.shape());
-      SetReduce(&r.meta);
-      Tensor* out = nullptr;
-      OP_REQUIRES_OK_ASYNC(
-          ctx, ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out), done);
-      r.input = in.tensor_data().data();
-      r.output = const_cast<char*>(out->tensor_data().data());
+      if (!BindInput(ctx, i, &r)) return done();
       r.done = [ctx, done, remaining](const Status& s) {
         if (!s.ok()) ctx->SetStatus(ToTfStatus(s));
         if (remaining->fetch_sub(1) == 1) done();
