@@ -2,29 +2,48 @@
 
     kerasdist-run -np 4 -H host1:2,host2:2 python train.py --epochs 3
 
-Importable and runnable as a plain script without TensorFlow or the ops.
+Every rank runs under a small supervisor (kerasdist/_supervise.py) that
+stops the whole job when the rank fails; `--max-restarts` then starts the
+job again. Importable and runnable as a plain script without TensorFlow or
+the ops.
 """
 
-import argparse
-import math
-import os
-import re
-import shlex
-import shutil
-import signal
-import subprocess
 import sys
-import threading
+
+if __name__ == "__main__" and not __package__:
+    # `python kerasdist/runner.py`: import the package, not its modules.
+    import os.path as _path
+
+    _here = _path.dirname(_path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if _path.abspath(p or ".") != _here]
+    sys.path.insert(0, _path.dirname(_here))
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from kerasdist import _hosts, _restarts  # noqa: E402
+from kerasdist import _supervise  # noqa: E402
+from kerasdist._check_build import check_build  # noqa: E402, F401
+from kerasdist._relay import _Demux, _Sink, hydra_pattern  # noqa: E402, F401
 
 _PROG = "kerasdist-run"
-# Hydra tags each chunk it relays (and each line inside it) with this pattern,
-# so a line written in pieces gets tags mid-line: we tag with control
-# characters and re-assemble the lines ourselves.
-_HYDRA_PATTERN = "\x1ekd:%r\x1f"
-_MARKERS = {  # flavor -> (regex with the rank as group 1, its first byte)
-    "mpich": (re.compile(rb"\x1ekd:(\d+)\x1f"), b"\x1e"),
-    "openmpi": (re.compile(rb"\[\d+,(\d+)\]<std(?:out|err)>: ?"), b"["),
-}
+_HYDRA_PATTERN = hydra_pattern()  # Without a token: `kerasdist.run()`.
+_SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "_supervise.py")
+# The line a supervisor writes when its rank fails (see _supervise.py).
+_REPORT = re.compile(
+    re.escape(_supervise.REPORT_PREFIX) + r"(\d+) \(host (.*)\) "
+    r"(?:exited with code (\d+)|was killed by signal (\d+) \(\w+\))(.*)"
+    + re.escape(_supervise.REPORT_SUFFIX) + r"\r?\n?")
+_RESTART_PAUSE_SECONDS = 1.0
 # (flag, Namespace attribute, type, must be > 0, environment variable, help)
 _SETTINGS = (
     ("--timeline-filename", "timeline", str, None, "KERASDIST_TIMELINE",
@@ -57,6 +76,12 @@ def _make_parser():
         metavar = {"timeline": "FILE", "fusion_mb": "MB", "cycle_ms": "MS"}
         p.add_argument(flag, dest=dest, help=help_text,
                        metavar=metavar.get(dest, "SECONDS"))
+    p.add_argument("--max-restarts", metavar="N", default="0",
+                   help="Restart the whole job up to N times when a rank "
+                        "fails (default: 0).")
+    p.add_argument("--min-np", metavar="M",
+                   help="With hosts known, a restart may leave out a host "
+                        "that failed twice in a row if M ranks remain.")
     p.add_argument("--output-filename", metavar="DIR",
                    help="Also write each rank's output to DIR/rank.<r>/.")
     p.add_argument("--verbose", action="store_true",
@@ -107,16 +132,23 @@ def parse_args(argv):
     for flag, dest, kind, positive, _, _ in _SETTINGS:
         if kind is not str and getattr(args, dest) is not None:
             _check_number(args, dest, flag, kind, positive)
-    for entry in args.hosts.split(",") if args.hosts is not None else ():
-        name, sep, slots = entry.partition(":")
-        if not name or (sep and not (slots.isdigit() and int(slots) > 0)):
-            raise ValueError(
-                "Invalid value for argument `-H`. Expected comma-separated "
-                "`host` or `host:slots` entries, e.g. `host1:2,host2:2`. "
-                f"Received: -H={args.hosts}")
-    if args.hostfile is not None and not os.path.isfile(args.hostfile):
-        raise ValueError("Invalid value for argument `--hostfile`. Expected an "
-                         f"existing file. Received: --hostfile={args.hostfile}")
+    _check_number(args, "max_restarts", "--max-restarts", int, False)
+    if args.min_np is not None:
+        _check_number(args, "min_np", "--min-np", int, True)
+        if args.min_np > args.np:
+            raise ValueError("Invalid value for argument `--min-np`. Expected "
+                             f"at most -np={args.np}. Received: "
+                             f"--min-np={args.min_np}")
+    args.host_list = None  # [(host, slots)] from -H or --hostfile
+    if args.hosts is not None:
+        args.host_list = _hosts.parse_hosts(args.hosts)
+    if args.hostfile is not None:
+        if not os.path.isfile(args.hostfile):
+            raise ValueError("Invalid value for argument `--hostfile`. Expected "
+                             "an existing file. Received: "
+                             f"--hostfile={args.hostfile}")
+        with open(args.hostfile) as f:
+            args.host_list = _hosts.parse_hostfile(f.read(), args.hostfile)
     if not args.command:
         raise ValueError(f"Missing command to run. Example: `{_PROG} -np 2 "
                          "python train.py`.")
@@ -137,26 +169,35 @@ def settings_env(args):
     return env
 
 
-def build_env(args, base_env):
+def build_env(args, base_env, extra_env=None):
     """Builds the environment of the `mpiexec` process.
 
     Args:
         args: Namespace returned by `parse_args`.
         base_env: Mapping to start from (e.g. `os.environ`); not modified.
+        extra_env: More variables for the ranks (e.g. `KERASDIST_RESTART`).
 
     Returns:
         A new dict: `base_env` updated with the `KERASDIST_*` settings.
     """
-    return {**base_env, **settings_env(args)}
+    return {**base_env, **settings_env(args), **(extra_env or {})}
 
 
-def build_mpiexec_argv(args, mpiexec_path, flavor="mpich"):
+def build_mpiexec_argv(args, mpiexec_path, flavor="mpich", placement=None,
+                       token="", supervise=False, extra_env=None):
     """Builds the `mpiexec` command line (an argv list: no shell involved).
 
     Args:
         args: Namespace returned by `parse_args`.
         mpiexec_path: Path of the `mpiexec` executable.
         flavor: `"mpich"` (Hydra) or `"openmpi"`.
+        placement: `(host, ranks)` pairs, one contiguous block of ranks per
+            host; the number of ranks is their sum. Defaults to the `-H` or
+            `--hostfile` hosts (see `_hosts.place`) with `args.np` ranks, or
+            no host option at all.
+        token: Random part of Hydra's output tag (see `_relay`).
+        supervise: Run every rank under kerasdist/_supervise.py.
+        extra_env: More variables to forward to the ranks.
 
     Returns:
         The argv list, ending with the user's command verbatim. Settings are
@@ -165,25 +206,43 @@ def build_mpiexec_argv(args, mpiexec_path, flavor="mpich"):
     Raises:
         ValueError: If `flavor` is unknown.
     """
-    env = settings_env(args)
+    env = {**settings_env(args), **(extra_env or {})}
+    host_list = getattr(args, "host_list", None)
+    if placement is None and host_list:
+        placement = _hosts.place(host_list, args.np)
+    np = sum(n for _, n in placement) if placement else args.np
+    hosts = ["-hosts" if flavor == "mpich" else "-H",
+             _hosts.format_hosts(placement)] if placement else []
     if flavor == "mpich":
-        argv = [mpiexec_path, "-n", str(args.np),
-                "-prepend-pattern", _HYDRA_PATTERN]
-        argv += ["-hosts", args.hosts] if args.hosts else []
-        argv += ["-f", args.hostfile] if args.hostfile else []
+        argv = [mpiexec_path, "-n", str(np),
+                "-prepend-pattern", hydra_pattern(token), *hosts]
         for name, value in env.items():
             argv += ["-genv", name, value]
     elif flavor == "openmpi":
         argv = [mpiexec_path, "--allow-run-as-root", "--oversubscribe",
-                "--tag-output", "-np", str(args.np)]
-        argv += ["-H", args.hosts] if args.hosts else []
-        argv += ["--hostfile", args.hostfile] if args.hostfile else []
+                "--tag-output", "-np", str(np), *hosts]
         for name in env:
             argv += ["-x", name]
     else:
         raise ValueError("Invalid value for argument `flavor`. Expected "
                          f"'mpich' or 'openmpi'. Received: flavor={flavor}")
+    if supervise:
+        argv += [sys.executable, _SUPERVISOR, "--"]
     return argv + list(args.command)
+
+
+def resolve_hosts(args, environ):
+    """Returns `(hosts, source)`: the `(host, slots)` pairs from `-H`,
+    `--hostfile` or, without either, the Slurm allocation in `environ`; or
+    `(None, None)` (the local host).
+
+    Raises:
+        ValueError: If the Slurm variables are malformed.
+    """
+    if args.host_list:
+        return args.host_list, "-H" if args.hosts is not None else "--hostfile"
+    slurm = _hosts.slurm_hosts(environ)
+    return (slurm, "the Slurm allocation") if slurm else (None, None)
 
 
 def find_mpiexec():
@@ -212,117 +271,6 @@ def detect_flavor(mpiexec_path):
     return "openmpi" if "Open MPI" in out.stdout + out.stderr else "mpich"
 
 
-class _Demux:
-    """Re-assembles lines from a rank-tagged stream, calling `emit(rank, line)`.
-
-    `rank` is None for mpiexec's own output. Unterminated lines are emitted
-    at the end of the stream.
-    """
-
-    def __init__(self, flavor, emit):
-        self._marker, self._start = _MARKERS[flavor]
-        self._emit, self._pending, self._rank, self._partial = emit, b"", None, {}
-
-    def feed(self, data, final=False):
-        buf, self._pending = self._pending + data, b""
-        cut = buf.rfind(self._start)
-        if (not final and cut != -1 and len(buf) - cut < 48
-                and b"\n" not in buf[cut:] and not self._marker.match(buf, cut)):
-            buf, self._pending = buf[:cut], buf[cut:]  # Maybe a split marker.
-        pos = 0
-        for match in self._marker.finditer(buf):
-            self._add(buf[pos:match.start()])
-            self._rank, pos = int(match.group(1)), match.end()
-        self._add(buf[pos:])
-        if final:
-            for rank in sorted(self._partial, key=lambda r: (r is None, r or 0)):
-                self._emit(rank, self._partial[rank])
-            self._partial.clear()
-
-    def _add(self, seg):
-        while seg:
-            nl = seg.find(b"\n") + 1
-            cr = seg.find(b"\r") + 1
-            if cr and (not nl or cr < nl - 1):
-                # A carriage return (not of "\r\n"): an in-place update such
-                # as a progress bar. The rank keeps writing the same line.
-                self._emit(self._rank, self._partial.pop(self._rank, b"") + seg[:cr])
-                seg = seg[cr:]
-                continue
-            if not nl:
-                self._partial[self._rank] = self._partial.get(self._rank, b"") + seg
-                return
-            self._emit(self._rank, self._partial.pop(self._rank, b"") + seg[:nl])
-            # Every line of a chunk is tagged: untagged bytes after a newline
-            # come from mpiexec itself.
-            seg, self._rank = seg[nl:], None
-
-
-_NOBODY = object()  # no rank's line is being redrawn in place
-
-
-class _Sink:
-    """Writes lines to a console stream (rank-prefixed) and per-rank files."""
-
-    def __init__(self, stream, name, output_dir, num_proc):
-        self._stream, self._files = stream, {}
-        try:  # on a terminal, in-place updates ("\r") are redrawn live
-            self._live = bool(stream is not None and stream.isatty())
-        except (AttributeError, ValueError):
-            self._live = False
-        self._held, self._inplace = {}, _NOBODY
-        for rank in range(num_proc if output_dir else 0):
-            os.makedirs(os.path.join(output_dir, f"rank.{rank}"), exist_ok=True)
-            self._files[rank] = open(
-                os.path.join(output_dir, f"rank.{rank}", name), "wb")
-
-    def __call__(self, rank, line):
-        if rank in self._files:
-            self._files[rank].write(line)
-            self._files[rank].flush()
-        prefix = b"" if rank is None else b"[%d] " % rank
-        if line.endswith(b"\r"):  # an in-place update (see _Demux)
-            if not self._live:  # a file or pipe: show the line once it ends
-                self._held[rank] = self._held.get(rank, b"") + line
-                return
-            shown = line.rstrip(b"\r\b")
-            if not shown:
-                return
-            # Redraw this rank's line in place (a new row if another rank's
-            # update was showing), then clear what is left of the old one.
-            sep = b"\n" if self._inplace not in (_NOBODY, rank) else b""
-            self._inplace = rank
-            return self._write(sep + b"\r" + prefix + shown + b"\x1b[K")
-        if self._live:
-            sep = {_NOBODY: b"", rank: b"\r"}.get(self._inplace, b"\n")
-            self._inplace = _NOBODY
-        else:
-            sep, line = b"", self._held.pop(rank, b"") + line
-        text = line[:-1] if line.endswith(b"\n") else line
-        self._write(sep + prefix + text + (b"\x1b[K\n" if sep == b"\r" else b"\n"))
-
-    def _write(self, text):
-        try:
-            if self._stream is None:
-                return
-            if hasattr(self._stream, "buffer"):
-                self._stream.buffer.write(text)
-                self._stream.buffer.flush()
-            else:
-                self._stream.write(text.decode(errors="replace"))
-                self._stream.flush()
-        except (OSError, ValueError):  # E.g. `| head` closed our stdout.
-            self._stream = None
-
-    def pump(self, pipe, flavor):
-        demux = _Demux(flavor, self)
-        for data in iter(lambda: os.read(pipe.fileno(), 65536), b""):
-            demux.feed(data)
-        demux.feed(b"", final=True)
-        for f in self._files.values():
-            f.close()
-
-
 def _terminal_group(fd=0):
     """Returns the terminal's foreground process group if `fd` is a tty."""
     try:
@@ -331,31 +279,70 @@ def _terminal_group(fd=0):
         return None
 
 
-def launch(args):
-    """Runs `args.command` on `args.np` ranks, relaying their output.
+class _Forwarder:
+    """Forwards SIGINT/SIGTERM to the running mpiexec; remembers that one came
+    (then the job is not restarted)."""
 
-    Args:
-        args: Namespace returned by `parse_args`.
+    def __init__(self):
+        self.proc, self.early, self.stopped = None, [], False
 
-    Returns:
-        mpiexec's exit status (non-zero if a rank failed), or 128 + N if it
-        was killed by signal N.
+    def __call__(self, signum, frame):
+        self.stopped = True
+        if signum == signal.SIGINT and _terminal_group() == os.getpgrp():
+            return  # The terminal delivered this Ctrl-C to mpiexec too.
+        if self.proc is None:
+            self.early.append(signum)  # Sent once Popen returns.
+            return
+        try:
+            self.proc.send_signal(signum)
+        except OSError:  # mpiexec already exited.
+            pass
 
-    Raises:
-        FileNotFoundError: If there is no `mpiexec`.
-    """
-    mpiexec = find_mpiexec()
-    flavor = detect_flavor(mpiexec)
-    argv = build_mpiexec_argv(args, mpiexec, flavor)
+    def started(self, proc):
+        self.proc = proc
+        for signum in self.early:
+            self(signum, None)
+        self.early = []
+
+
+def _parse_report(rank, line):
+    """Returns `(rank, host, status, text)` if `line` is a supervisor's report
+    of its own rank's failure (`status`: exit code, or minus the signal)."""
+    match = _REPORT.fullmatch(line.decode(errors="replace"))
+    if not match or int(match.group(1)) != rank:
+        return None
+    code, sig = match.group(3), match.group(4)
+    text = match.group(0).strip()[len(_supervise.REPORT_PREFIX):
+                                  -len(_supervise.REPORT_SUFFIX)]
+    return rank, match.group(2), int(code) if code else -int(sig), f"rank {text}"
+
+
+def _run_once(args, mpiexec, flavor, placement, np, attempt, forwarder):
+    """Runs the job once; returns `(exit status, first failure report)`."""
+    token = os.urandom(4).hex()
+    extra = {"KERASDIST_RESTART": str(attempt)} if attempt else {}
+    argv = build_mpiexec_argv(args, mpiexec, flavor, placement, token=token,
+                              supervise=True, extra_env=extra)
     if args.verbose:
-        for name, value in settings_env(args).items():
+        if placement:
+            print(f"{_PROG}: hosts: {_hosts.format_hosts(placement)}",
+                  file=sys.stderr)
+        for name, value in {**settings_env(args), **extra}.items():
             print(f"{_PROG}: {name}={value}", file=sys.stderr)
         shown = shlex.join(argv).replace("\x1e", r"\x1e").replace("\x1f", r"\x1f")
         print(f"{_PROG}: running: {shown}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    sinks = [_Sink(sys.stdout, "stdout", args.output_filename, args.np),
-             _Sink(sys.stderr, "stderr", args.output_filename, args.np)]
+    failures = []
+
+    def observe(rank, line):
+        report = _parse_report(rank, line)
+        if report:
+            failures.append(report)
+
+    sinks = [_Sink(stream, name, args.output_filename, np, append=attempt > 0,
+                   observe=observe, hold_banner=True)
+             for stream, name in ((sys.stdout, "stdout"), (sys.stderr, "stderr"))]
     # Hydra relays a terminal stdin only from the foreground process group.
     # Otherwise give mpiexec its own group so that each signal reaches it
     # once, through us: Hydra turns a second SIGINT into a forced abort.
@@ -363,79 +350,82 @@ def launch(args):
     if _terminal_group() is None:
         own_group = ({"process_group": 0} if sys.version_info >= (3, 11)
                      else {"preexec_fn": os.setpgrp})
-    procs, early = [], []  # Signals arriving before Popen returns are queued.
+    proc = subprocess.Popen(argv, env=build_env(args, os.environ, extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            **own_group)
+    forwarder.started(proc)
+    threads = [threading.Thread(target=sink.pump, args=(pipe, flavor, token),
+                                daemon=True)
+               for sink, pipe in zip(sinks, (proc.stdout, proc.stderr))]
+    for t in threads:
+        t.start()
+    code = proc.wait()
+    forwarder.proc = None
+    for t in threads:  # Bounded: a stray proxy might keep a pipe open.
+        t.join(timeout=10)
+    for sink in sinks:  # Hydra's banner names the supervisor's signal.
+        sink.finish(drop_banner=bool(failures))
+    code = 128 - code if code < 0 else code
+    if code and failures:
+        status = failures[0][2]
+        code = status if status > 0 else 128 - status
+    return code, (failures[0] if code and failures else None)
 
-    def forward(signum, frame):
-        if signum == signal.SIGINT and _terminal_group() == os.getpgrp():
-            return  # The terminal delivered this Ctrl-C to mpiexec too.
-        if not procs:
-            early.append(signum)
-            return
-        try:
-            procs[0].send_signal(signum)
-        except OSError:  # mpiexec already exited.
-            pass
 
-    previous = {}
+def launch(args):
+    """Runs `args.command` on `args.np` ranks, relaying their output.
+
+    Every rank runs under kerasdist/_supervise.py, so the whole job stops
+    as soon as one rank fails. With `args.max_restarts`, a failed job is
+    started again (see `_restarts.RestartPolicy`).
+
+    Args:
+        args: Namespace returned by `parse_args`.
+
+    Returns:
+        0, or the first failing rank's exit code (128 + N if it was killed
+        by signal N), or mpiexec's own status.
+
+    Raises:
+        FileNotFoundError: If there is no `mpiexec`.
+        ValueError: If the Slurm variables are malformed.
+    """
+    mpiexec = find_mpiexec()
+    flavor = detect_flavor(mpiexec)
+    hosts, source = resolve_hosts(args, os.environ)
+    if args.verbose and source:
+        print(f"{_PROG}: hosts from {source}: {_hosts.format_hosts(hosts)}",
+              file=sys.stderr)
+    policy = _restarts.RestartPolicy(args.np, hosts, args.max_restarts,
+                                     args.min_np)
+    forwarder, previous = _Forwarder(), {}
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, forward)
+            previous[signum] = signal.signal(signum, forwarder)
     try:
-        proc = subprocess.Popen(argv, env=build_env(args, os.environ),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                **own_group)
-        procs.append(proc)
-        for signum in early:
-            forward(signum, None)
-        threads = [threading.Thread(target=sink.pump, args=(pipe, flavor),
-                                    daemon=True)
-                   for sink, pipe in zip(sinks, (proc.stdout, proc.stderr))]
-        for t in threads:
-            t.start()
-        code = proc.wait()
-        for t in threads:  # Bounded: a stray proxy might keep a pipe open.
-            t.join(timeout=10)
+        while True:
+            code, failure = _run_once(args, mpiexec, flavor, policy.placement,
+                                      policy.np, policy.restarts, forwarder)
+            if code == 0 or forwarder.stopped:
+                return code
+            why = failure[3] if failure else f"mpiexec exited with status {code}"
+            restart, notes = policy.after_failure(failure and failure[0])
+            if not restart:
+                left = " (no restarts left)" if args.max_restarts else ""
+                print(f"{_PROG}: error: {why}; the job failed{left}.",
+                      file=sys.stderr, flush=True)
+                return code
+            for note in notes:
+                print(f"{_PROG}: {note}", file=sys.stderr)
+            print(f"{_PROG}: {why}; restarting the job (restart "
+                  f"{policy.restarts} of {args.max_restarts}).",
+                  file=sys.stderr, flush=True)
+            time.sleep(_RESTART_PAUSE_SECONDS)
+            if forwarder.stopped:
+                return code
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return 128 - code if code < 0 else code
-
-
-def check_build():
-    """Prints how kerasdist was built; returns 0, or 1 if its ops don't load."""
-    try:
-        import kerasdist  # Lazy: imports TensorFlow and loads the ops.
-
-        info = kerasdist.build_info()
-        if not info.get("ops") or not info.get("library_path"):
-            raise RuntimeError(f"build_info() reports no op library: {info}")
-    except Exception as e:  # Whatever the failure, the build is unusable.
-        print(f"{_PROG}: error: The kerasdist op library is not loadable. "
-              f"{type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    try:
-        import mpi4py
-
-        if "mpi4py.MPI" not in sys.modules:  # No need to initialize MPI.
-            mpi4py.rc.initialize = mpi4py.rc.finalize = False
-        from mpi4py import MPI
-
-        mpi4py_mpi = MPI.Get_library_version().strip().splitlines()[0]
-    except Exception as e:
-        mpi4py_mpi = f"unavailable ({type(e).__name__}: {e})"
-    tf_built = info.get("tf_built_against")
-    print(f"kerasdist {info.get('kerasdist_version')}\n"
-          f"  TensorFlow:              {info.get('tf_version')} "
-          f"(built against {tf_built})\n"
-          f"  MPI library (kerasdist): {info.get('mpi_library')}\n"
-          f"  MPI library (mpi4py):    {mpi4py_mpi}\n"
-          f"  Op library:              {info.get('library_path')}\n"
-          f"  Ops:                     {', '.join(info['ops'])}")
-    if tf_built != info.get("tf_version"):
-        print(f"{_PROG}: warning: kerasdist was built against TensorFlow "
-              f"{tf_built} but TensorFlow {info.get('tf_version')} is running.",
-              file=sys.stderr)
-    return 0
 
 
 def main(argv=None):
@@ -450,14 +440,13 @@ def main(argv=None):
         return check_build()
     try:
         return launch(args)
+    except ValueError as e:  # Malformed Slurm variables.
+        print(f"{_PROG}: error: {e}", file=sys.stderr)
+        return 2
     except OSError as e:  # No mpiexec, unwritable --output-filename, ...
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 127 if isinstance(e, FileNotFoundError) else 1
 
 
 if __name__ == "__main__":
-    if not __package__:  # `python kerasdist/runner.py`: import the package
-        here = os.path.dirname(os.path.abspath(__file__))  # not its modules.
-        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-        sys.path.insert(0, os.path.dirname(here))
     sys.exit(main())

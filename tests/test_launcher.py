@@ -1,8 +1,8 @@
 """Tests for the `kerasdist-run` launcher (kerasdist/runner.py).
 
-The runner is loaded and run by file path so that these tests neither import
-the `kerasdist` package (TensorFlow, the op library) nor depend on it, except
-`test_check_build`, which exercises the real build.
+The runner is loaded and run by file path; it imports only the launcher's
+own modules of the `kerasdist` package (no TensorFlow, no op library),
+except in `test_check_build`, which exercises the real build.
 """
 
 import importlib.util
@@ -63,6 +63,11 @@ def test_basic_argv():
     assert argv_of("-np", 2, "python", "train.py", "--epochs", 3) == [
         MPIEXEC, "-n", "2", "-prepend-pattern", runner._HYDRA_PATTERN,
         "python", "train.py", "--epochs", "3"]
+    args = runner.parse_args(["-np", "2", "prog", "x"])
+    assert runner.build_mpiexec_argv(args, MPIEXEC, token="ab12",
+                                     supervise=True) == [
+        MPIEXEC, "-n", "2", "-prepend-pattern", "\x1ekdab12:%r\x1f",
+        sys.executable, str(RUNNER.parent / "_supervise.py"), "--", "prog", "x"]
 
 
 def test_options_after_command_belong_to_command():
@@ -83,8 +88,9 @@ def test_hosts_and_hostfile(tmp_path):
                    ["-hosts", "host1:2,host2:2"])
     hostfile = tmp_path / "hosts"
     hostfile.write_text("host1:2\nhost2:2\n")
+    # The hostfile is read here, so that hosts and ranks keep their order.
     assert has_seq(argv_of("-np", 4, "--hostfile", hostfile, "prog"),
-                   ["-f", str(hostfile)])
+                   ["-hosts", "host1:2,host2:2"])
     with pytest.raises(ValueError, match="not allowed with"):
         argv_of("-np", 4, "-H", "a", "--hostfile", hostfile, "prog")
     with pytest.raises(ValueError, match="Expected an existing file"):
@@ -209,6 +215,42 @@ def test_demux_openmpi_tags():
     assert _demux("openmpi", data, 3) == [(0, b"hi\n"), (1, b"[x] there\n")]
 
 
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_demux_openmpi_tags_only_at_line_starts(step):
+    # Rank 1 prints rank 0's tag at the start of its text and mid-line.
+    data = (b"[1,1]<stdout>: [1,0]<stdout>: fake\n"
+            b"[1,1]<stdout>: a [1,0]<stdout>: b\n[1,0]<stdout>: real\n")
+    assert _demux("openmpi", data, step) == [
+        (1, b"[1,0]<stdout>: fake\n"), (1, b"a [1,0]<stdout>: b\n"),
+        (0, b"real\n")]
+
+
+def _hydra_demux(token, data, step):
+    out = []
+    demux = runner._Demux("mpich", lambda r, line: out.append((r, line)), token)
+    for i in range(0, len(data), step):
+        demux.feed(data[i:i + step])
+    demux.feed(b"", final=True)
+    return out
+
+
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_demux_ignores_printed_tags(step):
+    tag = lambda r, t=b"f00d": b"\x1ekd" + t + b":%d\x1f" % r  # noqa: E731
+    # Rank 1 prints rank 0's tag with this run's token right after its own
+    # tag, and tags of another run (other token, none) mid-line.
+    data = (tag(1) + tag(0) + b"fake\n" + tag(1) + b"x " + tag(0, b"") + b"y "
+            + tag(0, b"beef") + b"z\n" + tag(0) + b"real\n")
+    assert _hydra_demux("f00d", data, step) == [
+        (1, tag(0) + b"fake\n"),
+        (1, b"x " + tag(0, b"") + b"y " + tag(0, b"beef") + b"z\n"),
+        (0, b"real\n")]
+    # Hydra's own mid-line tags (a line written in pieces) still count.
+    data = tag(1) + b"half " + tag(0) + b"zero\n" + tag(1) + b"done\n"
+    assert _hydra_demux("f00d", data, step) == [(0, b"zero\n"),
+                                                 (1, b"half done\n")]
+
+
 def test_main_reports_invalid_arguments(capsys):
     assert runner.main(["-np", "0", "python"]) == 2
     assert ("Invalid value for argument `-np`. Expected a positive integer. "
@@ -306,7 +348,7 @@ def test_e2e_forwards_signals(signum):
         # `lines` is filled line by line only once the pipe has data; both
         # ranks are now blocked in time.sleep() with handlers installed.
         proc.send_signal(signum)
-        assert proc.wait(timeout=30) == 7
+        assert proc.wait(timeout=30) == 7, (proc.stderr.read(), lines)
         reader.join(timeout=10)
     finally:
         if proc.poll() is None:
