@@ -22,7 +22,7 @@ def test_restart_after_a_failure(tmp_path):
     lines = sorted(out.stdout.splitlines())
     assert "[1] rank 1 restart=none" in lines  # The first attempt.
     assert "[0] rank 0 restart=1" in lines and "[1] rank 1 restart=1" in lines
-    assert len(lines) == 4, lines  # Two attempts of two ranks.
+    # (Rank 0's first line may be lost: the job stops as rank 1 fails.)
 
 
 def test_no_restarts_left(tmp_path):
