@@ -25,6 +25,12 @@ def test_shared_memory_links_and_mpi_fallback_are_exact(np_, off):
     assert out.count("shm checks passed") == np_
 
 
+def test_mixed_shared_memory_and_mpi_ring_moves_64mib():
+    out = run_mpi("mixed_links.py", 3, timeout=240,
+                  env={"KERASDIST_TIMEOUT_SECONDS": "30"}).stdout
+    assert out.count("mixed links passed") == 3, out[-3000:]
+
+
 @pytest.mark.parametrize("shm", ["1", "0"])
 def test_frozen_peer_mid_allreduce_is_a_bounded_error_naming_it(shm):
     out = run_mpi("dead_peer.py", 2, timeout=120, check=False,

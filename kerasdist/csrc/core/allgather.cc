@@ -9,7 +9,8 @@ namespace kerasdist {
 Status RingAllgather(Transport* transport, void* buf,
                      const std::vector<size_t>& block_offsets,
                      const std::vector<size_t>& block_bytes,
-                     const CollectiveOptions& options, RingTimes* times) {
+                     const CollectiveOptions& options,
+                     std::vector<char>* scratch, RingTimes* times) {
   const int n = transport->size();
   const int r = transport->rank();
   if (times) times->start = times->reduce_scatter_end = NowMicros();
@@ -21,9 +22,8 @@ Status RingAllgather(Transport* transport, void* buf,
   for (int t = 0; t < n - 1; ++t) {
     steps.push_back({(r - t + 2 * n) % n, (r - t - 1 + 2 * n) % n, false});
   }
-  std::vector<char> unused;
   Status s = RunRingPass(transport, static_cast<char*>(buf), layout, steps,
-                         DataType::kUInt8, ReduceOp::kSum, options, &unused,
+                         DataType::kUInt8, ReduceOp::kSum, options, scratch,
                          nullptr);
   if (times) times->end = NowMicros();
   return s;

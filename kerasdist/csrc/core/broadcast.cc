@@ -4,6 +4,7 @@
 // arrived; the last position only receives. For large buffers the time
 // approaches S / bandwidth regardless of N.
 #include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include "collectives.h"
@@ -11,7 +12,7 @@
 namespace kerasdist {
 
 Status ChainBroadcast(Transport* transport, void* buf, size_t bytes, int root,
-                      const CollectiveOptions& options) {
+                      const CollectiveOptions& options, std::vector<char>* scratch) {
   const int n = transport->size();
   if (n == 1 || bytes == 0) return Status::OK();
   const int pos = (transport->rank() - root + n) % n;
@@ -36,9 +37,15 @@ Status ChainBroadcast(Transport* transport, void* buf, size_t bytes, int root,
   }
   const bool forward = pos != n - 1;
   const size_t window = std::max(1, options.segments_in_flight);
+  // Shared memory copies in place; MPI lands in engine-owned scratch first.
+  const bool stage = !transport->CanRecvReduce(prev);
+  if (stage && scratch->size() < seg * window) scratch->resize(seg * window);
+  auto dest = [&](size_t j) {
+    return stage ? scratch->data() + (j % window) * seg : p + j * seg;
+  };
   std::vector<std::unique_ptr<Transfer>> recvs(nseg);
   for (size_t j = 0; j < nseg && j < window; ++j)
-    recvs[j] = transport->Irecv(prev, kTagData, p + j * seg, seg_len(j));
+    recvs[j] = transport->Irecv(prev, kTagData, dest(j), seg_len(j));
   for (size_t j = 0; j < nseg; ++j) {
     Status s = WaitTransfer(recvs[j].get(), options.timeout_ms);
     if (!s.ok()) {
@@ -47,10 +54,11 @@ Status ChainBroadcast(Transport* transport, void* buf, size_t bytes, int root,
       return s;
     }
     recvs[j].reset();
+    if (stage) std::memcpy(p + j * seg, dest(j), seg_len(j));
     if (forward)
       sends.push_back(transport->Isend(next, kTagData, p + j * seg, seg_len(j)));
     if (j + window < nseg)
-      recvs[j + window] = transport->Irecv(prev, kTagData, p + (j + window) * seg,
+      recvs[j + window] = transport->Irecv(prev, kTagData, dest(j + window),
                                            seg_len(j + window));
   }
   return finish_sends();

@@ -5,6 +5,12 @@
 // documented per function. The engine guarantees this by negotiating each
 // collective before running it.
 //
+// Buffers: data from a peer whose link cannot deliver straight into place
+// (MPI) is received into `scratch`, which the engine owns, and copied from
+// there. So after a failure whose cancellation MPI could not confirm, only
+// engine memory can still be written by MPI, never the caller's buffer; the
+// engine then abandons that scratch instead of freeing it.
+//
 // Vocabulary (as in the ring literature):
 //   chunk   - the 1/N slice of the buffer that one rank reduces
 //             (reduce-scatter) or owns (allgather);
@@ -48,10 +54,11 @@ Status RingAllreduce(Transport* transport, void* buf, size_t count,
 Status RingAllgather(Transport* transport, void* buf,
                      const std::vector<size_t>& block_offsets,
                      const std::vector<size_t>& block_bytes,
-                     const CollectiveOptions& options, RingTimes* times);
+                     const CollectiveOptions& options,
+                     std::vector<char>* scratch, RingTimes* times);
 
 // Pipelined chain broadcast of `bytes` from `root`, in place.
 Status ChainBroadcast(Transport* transport, void* buf, size_t bytes, int root,
-                      const CollectiveOptions& options);
+                      const CollectiveOptions& options, std::vector<char>* scratch);
 
 }  // namespace kerasdist

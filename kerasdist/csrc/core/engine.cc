@@ -422,7 +422,8 @@ Status Engine::RunAllgather(const Response& resp, Request* req) {
     out = fusion_buffer_.data();
   }
   RingTimes times;
-  Status s = RingAllgather(transport_.get(), out, offsets, bytes, config_.collective, &times);
+  Status s = RingAllgather(transport_.get(), out, offsets, bytes, config_.collective,
+                           &scratch_, &times);
   if (s.ok() && timeline_.enabled() && req)
     timeline_.Event("ring_allgather", kRowCollective, times.start, times.end, req->name);
   return s;
@@ -440,7 +441,8 @@ Status Engine::RunBroadcast(const Response& resp, Request* req) {
     buf = fusion_buffer_.data();
   }
   const int64_t t0 = NowMicros();
-  Status s = ChainBroadcast(transport_.get(), buf, bytes, resp.root, config_.collective);
+  Status s = ChainBroadcast(transport_.get(), buf, bytes, resp.root, config_.collective,
+                            &scratch_);
   if (s.ok() && timeline_.enabled() && req)
     timeline_.Event("broadcast", kRowCollective, t0, NowMicros(), req->name);
   return s;

@@ -1,6 +1,7 @@
 #include "ring_pass.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 
@@ -44,18 +45,18 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
 
   // Every segment this rank will receive, in arrival order.
   std::vector<SegmentRecv> recvs;
-  bool any_reduce = false;
   for (size_t s = 0; s < steps.size(); ++s) {
     const int c = steps[s].recv_chunk;
-    any_reduce |= steps[s].reduce;
     for (size_t off = 0; off < layout.chunk_bytes[c]; off += seg_bytes) {
       recvs.push_back({static_cast<int>(s), c, layout.chunk_offset[c] + off,
                        std::min(seg_bytes, layout.chunk_bytes[c] - off)});
     }
   }
   // A transport that reduces as the data arrives needs no scratch buffer.
+  // Any other (MPI) receives into engine-owned scratch, also when it only
+  // stores (see collectives.h).
   const bool fused_reduce = transport->CanRecvReduce(left);
-  if (any_reduce && !fused_reduce && scratch->size() < seg_bytes * window) {
+  if (!fused_reduce && scratch->size() < seg_bytes * window) {
     scratch->resize(seg_bytes * window);
   }
 
@@ -90,7 +91,7 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
       inflight[k % window] = transport->IrecvReduce(left, kTagData, buf + e.offset,
                                                     e.bytes, dtype, op);
     } else {
-      char* dest = reduce ? scratch->data() + (k % window) * seg_bytes : buf + e.offset;
+      char* dest = fused_reduce ? buf + e.offset : scratch->data() + (k % window) * seg_bytes;
       inflight[k % window] = transport->Irecv(left, kTagData, dest, e.bytes);
     }
     return Status::OK();
@@ -115,7 +116,10 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
     if (steps[e.step].reduce && !fused_reduce) {
       ReduceInto(buf + e.offset, scratch->data() + (k % window) * seg_bytes,
                  e.bytes / elem, dtype, op);
-    } else if (!steps[e.step].reduce && !switched) {
+    } else if (!fused_reduce) {
+      std::memcpy(buf + e.offset, scratch->data() + (k % window) * seg_bytes, e.bytes);
+    }
+    if (!steps[e.step].reduce && !switched) {
       switched = true;
       if (phase_switch_time) *phase_switch_time = NowMicros();
     }

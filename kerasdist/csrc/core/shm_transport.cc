@@ -84,6 +84,27 @@ struct SetupRecord {
 
 }  // namespace
 
+// An MPI transfer on a rank that also has shared-memory links: waiting on it
+// keeps the shared-memory queues moving (and ShmTransfer::Test drives MPI),
+// so that a ring mixing the two never waits on a link nobody drives.
+class DrivenTransfer : public Transfer {
+ public:
+  DrivenTransfer(ShmTransport* owner, std::unique_ptr<Transfer> inner)
+      : Transfer(inner->peer(), inner->bytes(), inner->is_send()),
+        owner_(owner),
+        inner_(std::move(inner)) {}
+  bool Test() override {
+    owner_->ProgressShm();
+    return inner_->Test();
+  }
+  bool Cancel() override { return inner_->Cancel(); }
+  Status status() const override { return inner_->status(); }
+
+ private:
+  ShmTransport* owner_;
+  std::unique_ptr<Transfer> inner_;
+};
+
 class ShmTransfer : public Transfer {
  public:
   ShmTransfer(ShmTransport* owner, int peer, size_t bytes, bool is_send)
@@ -95,10 +116,11 @@ class ShmTransfer : public Transfer {
     if (!done_) owner_->Progress();
     return done_;
   }
-  void Cancel() override {
+  bool Cancel() override {
     if (!done_) owner_->Forget(this);
     done_ = true;
     status_ = Status(StatusCode::kAborted, "transfer cancelled");
+    return true;  // only this thread ever touches the buffer
   }
   Status status() const override { return status_; }
 
@@ -196,7 +218,8 @@ Status ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool enabled,
 
 std::unique_ptr<Transfer> ShmTransport::Isend(int peer, int tag, const void* buf,
                                               size_t bytes) {
-  if (tag != kTagData || peer != right_ || !out_) return mpi_->Isend(peer, tag, buf, bytes);
+  if (tag != kTagData || peer != right_ || !out_)
+    return std::make_unique<DrivenTransfer>(this, mpi_->Isend(peer, tag, buf, bytes));
   auto t = std::make_unique<ShmTransfer>(this, peer, bytes, true);
   t->src_ = static_cast<const char*>(buf);
   sends_.push_back(t.get());
@@ -206,7 +229,8 @@ std::unique_ptr<Transfer> ShmTransport::Isend(int peer, int tag, const void* buf
 
 std::unique_ptr<Transfer> ShmTransport::Irecv(int peer, int tag, void* buf,
                                               size_t bytes) {
-  if (tag != kTagData || peer != left_ || !in_) return mpi_->Irecv(peer, tag, buf, bytes);
+  if (tag != kTagData || peer != left_ || !in_)
+    return std::make_unique<DrivenTransfer>(this, mpi_->Irecv(peer, tag, buf, bytes));
   auto t = std::make_unique<ShmTransfer>(this, peer, bytes, false);
   t->dst_ = static_cast<char*>(buf);
   recvs_.push_back(t.get());
@@ -228,9 +252,14 @@ std::unique_ptr<Transfer> ShmTransport::IrecvReduce(int peer, int tag, void* des
   return t;
 }
 
-void ShmTransport::Progress() {
+void ShmTransport::ProgressShm() {
   if (!sends_.empty()) PushSends();
   if (!recvs_.empty()) PullRecvs();
+}
+
+void ShmTransport::Progress() {
+  ProgressShm();
+  mpi_->Progress();
 }
 
 void ShmTransport::PushSends() {

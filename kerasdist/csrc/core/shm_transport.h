@@ -51,8 +51,12 @@ class ShmTransport : public Transport {
   Status RecvProbed(int peer, int tag, void* buf, size_t bytes) override;
   std::string Name() const override;
 
-  // Moves as much queued data as the slots allow, in both directions.
-  void Progress();
+  // Moves as much queued data as the slots allow, in both directions, and
+  // drives MPI's pending transfers too.
+  void Progress() override;
+  // Only the shared-memory queues (called from MPI transfers' Test()).
+  void ProgressShm();
+  bool Unsafe() const override { return mpi_->Unsafe(); }
   // Drops a transfer from the queues (cancelled or destroyed early).
   void Forget(ShmTransfer* t);
 

@@ -31,8 +31,10 @@ class Transfer {
   virtual ~Transfer() = default;
   // Drives progress; returns true once the transfer has completed.
   virtual bool Test() = 0;
-  // Best effort cancellation after a failure; the buffer must stay alive.
-  virtual void Cancel() = 0;
+  // Cancellation after a failure. Returns true once the transport no longer
+  // touches the buffer; false if it may still read or write it (the caller
+  // must then keep the buffer alive: see Transport::Unsafe()).
+  virtual bool Cancel() = 0;
   // After Test() returned true: whether the transfer succeeded.
   virtual Status status() const { return Status::OK(); }
   int peer() const { return peer_; }
@@ -70,6 +72,14 @@ class Transport {
   // Receives a message that Probe reported (it has already arrived).
   virtual Status RecvProbed(int peer, int tag, void* buf, size_t bytes) = 0;
   virtual std::string Name() const = 0;
+  // Advances every pending transfer of this transport, on every link. A rank
+  // that waits on one link must keep its other links moving, or a ring whose
+  // links use different transports (shared memory within a host, MPI between
+  // hosts) stalls once one of them has filled its window.
+  virtual void Progress() {}
+  // True after a cancellation could not be confirmed: some buffer may still
+  // be read or written by the transport, so the engine must not hand it back.
+  virtual bool Unsafe() const { return false; }
 };
 
 // Waits for `t` with a bound. Spins briefly, then backs off with short
