@@ -63,8 +63,9 @@ def load():
     ll = ctypes.c_longlong
     lib.kerasdist_init.argtypes = [
         ctypes.c_int, ll, ll, ll, ll, ll, ll, ll, ctypes.c_int, ctypes.c_char_p,
-        ctypes.c_char_p, ctypes.c_int,
+        ctypes.c_char_p, ll, ctypes.c_char_p, ctypes.c_int,
     ]
+    lib.kerasdist_topology.argtypes = [ctypes.POINTER(ctypes.c_int)]
     lib.kerasdist_init.restype = ctypes.c_int
     lib.kerasdist_built_tf_version.restype = ctypes.c_char_p
     lib.kerasdist_transport_name.argtypes = [ctypes.c_char_p, ctypes.c_int]

@@ -6,6 +6,7 @@ engine behind it keeps its own single Context, created by `init()`.
 
 import atexit
 import ctypes
+import math
 import os
 
 import tensorflow as tf
@@ -25,6 +26,7 @@ class Context:
         self.rank = self.size = None
         self.local_rank = self.local_size = None
         self.cross_rank = self.cross_size = None
+        self.homogeneous = None
         self.config = None
         self.name_counters = {}
         self.atexit_registered = False
@@ -48,8 +50,8 @@ def _env_number(name, default, kind=float, minimum=0):
         value = kind(raw)
     except ValueError:
         value = None
-    if value is None or value < minimum:
-        expected = "an integer" if kind is int else "a number"
+    if value is None or not math.isfinite(value) or value < minimum:
+        expected = "an integer" if kind is int else "a finite number"
         raise ValueError(
             f"Invalid value for environment variable {name}. Expected "
             f"{expected} >= {minimum}. Received: {name}={raw!r}"
@@ -68,6 +70,7 @@ def read_config():
         "stall_shutdown_s": _env_number(
             "KERASDIST_STALL_SHUTDOWN_TIME_SECONDS", 0.0
         ),
+        "deadlock_s": _env_number("KERASDIST_DEADLOCK_TIME_SECONDS", 60.0),
         "timeout_s": _env_number("KERASDIST_TIMEOUT_SECONDS", 60.0, minimum=0.001),
         "init_timeout_s": _env_number(
             "KERASDIST_INIT_TIMEOUT_SECONDS", 300.0, minimum=0.001
@@ -142,6 +145,14 @@ def _set_thread_pools(local_size):
         pass  # TensorFlow is already initialised; keep its pools.
 
 
+def _package_version():
+    try:
+        from kerasdist import _build_info
+    except ImportError:
+        return "unknown"
+    return _build_info.KERASDIST_VERSION
+
+
 def init(comm=None):
     """Initializes kerasdist and starts its background engine.
 
@@ -174,21 +185,22 @@ def init(comm=None):
         config["segment_bytes"],
         int(config["shared_memory"]),
         config["timeline"].encode(),
+        _package_version().encode(),
+        int(config["deadlock_s"] * 1e6),
         err,
         len(err),
     )
     if rc != 0:
         raise RuntimeError(f"kerasdist.init() failed: {err.value.decode()}")
-    from mpi4py import MPI
-
     ctx.comm = mpi_comm
     ctx.rank, ctx.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)
-    ctx.local_rank, ctx.local_size = local.Get_rank(), local.Get_size()
-    local.Free()
-    cross = mpi_comm.Split(color=ctx.local_rank, key=ctx.rank)
-    ctx.cross_rank, ctx.cross_size = cross.Get_rank(), cross.Get_size()
-    cross.Free()
+    # The engine learned the topology in its bounded setup exchange (ranks
+    # on one host share a host name), so no blocking MPI collective runs
+    # here, while the engine thread already uses MPI.
+    topo = (ctypes.c_int * 5)()
+    ctx.lib.kerasdist_topology(topo)
+    ctx.local_rank, ctx.local_size, ctx.cross_rank, ctx.cross_size = topo[:4]
+    ctx.homogeneous = bool(topo[4])
     ctx.config = config
     ctx.name_counters = {}
     ctx.initialized = True

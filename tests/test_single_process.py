@@ -126,6 +126,26 @@ def test_invalid_environment_variable_is_reported():
     assert "KERASDIST_SHM" in out and "'maybe'" in out
 
 
+def test_non_finite_and_negative_settings_are_rejected():
+    code = (
+        "import os\nfrom kerasdist import runtime\n"
+        "for name, raw in [('KERASDIST_TIMEOUT_SECONDS', 'nan'),\n"
+        "                  ('KERASDIST_TIMEOUT_SECONDS', 'inf'),\n"
+        "                  ('KERASDIST_DEADLOCK_TIME_SECONDS', '-1'),\n"
+        "                  ('KERASDIST_SEGMENT_BYTES', '0'),\n"
+        "                  ('KERASDIST_FUSION_THRESHOLD', '1.5')]:\n"
+        "    os.environ[name] = raw\n"
+        "    try:\n        runtime.read_config()\n        print('ACCEPTED', name, raw)\n"
+        "    except ValueError as e:\n        print('ERR', e)\n"
+        "    del os.environ[name]\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert "ACCEPTED" not in out, out
+    assert out.count("ERR Invalid value for environment variable") == 5, out
+    assert "KERASDIST_TIMEOUT_SECONDS='nan'" in out, out
+
+
 def test_transport_info_at_size_one():
     assert kd.runtime.transport_info().startswith("mpi(")
     assert "shared memory" not in kd.runtime.transport_info()

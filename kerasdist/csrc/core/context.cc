@@ -1,6 +1,7 @@
 #include "context.h"
 
 #include "mpi_transport.h"
+#include "setup_exchange.h"
 #include "shm_transport.h"
 
 namespace kerasdist {
@@ -10,6 +11,14 @@ Status Context::Create(MPI_Comm comm, const EngineConfig& config,
   std::unique_ptr<MpiTransport> mpi;
   Status s = MpiTransport::Create(comm, init_timeout_ms, &mpi);
   if (!s.ok()) return s;
+  WireSettings wire;
+  wire.version = config.version;
+  wire.segment_bytes = static_cast<int64_t>(config.collective.segment_bytes);
+  wire.fusion_threshold = config.coordinator.fusion_threshold_bytes;
+  wire.cycle_time_us = config.coordinator.cycle_time_us;
+  Topology topology;
+  s = ExchangeSetup(mpi.get(), wire, init_timeout_ms, &topology);
+  if (!s.ok()) return s;
   std::unique_ptr<Transport> transport;
   s = ShmTransport::Create(std::move(mpi), config.shared_memory, init_timeout_ms,
                            &transport);
@@ -17,14 +26,16 @@ Status Context::Create(MPI_Comm comm, const EngineConfig& config,
   std::unique_ptr<Context> ctx(new Context());
   ctx->config_ = config;
   ctx->transport_name_ = transport->Name();
-  ctx->engine_ = std::make_unique<Engine>(std::move(transport), config);
+  ctx->topology_ = topology;
+  ctx->engine_ = std::make_unique<Engine>(std::move(transport), config, topology);
   ctx->engine_->Start();
   *out = std::move(ctx);
   return Status::OK();
 }
 
 Context::~Context() {
-  if (engine_) engine_->Shutdown();
+  // An engine thread left behind still uses the Engine: never free it.
+  if (engine_ && !engine_->Shutdown()) engine_.release();
 }
 
 }  // namespace kerasdist

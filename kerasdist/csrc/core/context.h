@@ -23,11 +23,13 @@ class Context {
   Engine* engine() { return engine_.get(); }
   const EngineConfig& config() const { return config_; }
   const std::string& transport_name() const { return transport_name_; }
+  const Topology& topology() const { return topology_; }
 
  private:
   Context() = default;
   EngineConfig config_;
   std::string transport_name_;
+  Topology topology_;
   std::unique_ptr<Engine> engine_;
 };
 

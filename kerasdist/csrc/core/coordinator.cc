@@ -23,15 +23,28 @@ std::string RankList(const std::vector<int>& ranks) {
 Coordinator::Coordinator(int size, const CoordinatorOptions& options)
     : size_(size), options_(options), joined_(size, false) {}
 
+bool IsTransientName(const std::string& name) {
+  return name.find(".noname.") != std::string::npos;
+}
+
 int32_t Coordinator::IdFor(const std::string& name, ResponseList* out) {
   auto it = ids_.find(name);
   int32_t id;
   if (it == ids_.end()) {
-    id = static_cast<int32_t>(names_.size());
+    if (!free_ids_.empty()) {
+      id = free_ids_.back();
+      free_ids_.pop_back();
+      names_[id] = name;
+      cached_meta_[id] = TensorMeta();
+      announced_[id] = false;
+    } else {
+      id = static_cast<int32_t>(names_.size());
+      names_.push_back(name);
+      cached_meta_.emplace_back();
+      announced_.push_back(false);
+    }
     ids_.emplace(name, id);
-    names_.push_back(name);
-    cached_meta_.emplace_back();
-    announced_.push_back(false);
+    if (IsTransientName(name)) transient_used_.push_back(id);
   } else {
     id = it->second;
   }
@@ -42,8 +55,21 @@ int32_t Coordinator::IdFor(const std::string& name, ResponseList* out) {
   return id;
 }
 
+void Coordinator::ReleaseTransientIds() {
+  // Called once a response list is complete: every rank applies its new ids
+  // before running it, so an id can be announced anew in the next list.
+  for (int32_t id : transient_used_) {
+    ids_.erase(names_[id]);
+    names_[id].clear();
+    names_[id].shrink_to_fit();
+    free_ids_.push_back(id);
+  }
+  transient_used_.clear();
+}
+
 void Coordinator::Submit(int rank, const RequestList& list) {
   if (list.shutdown && shutdown_rank_ < 0) shutdown_rank_ = rank;
+  if (!list.entries.empty()) last_activity_us_ = NowMicros();
   for (const RequestEntry& e : list.entries) {
     const std::string* name = &e.name;
     const TensorMeta* meta = &e.meta;
@@ -220,6 +246,7 @@ void Coordinator::EmitReady(int64_t now_us, ResponseList* out) {
 void Coordinator::InspectStalls(int64_t now_us, ResponseList* out) {
   if (now_us - last_stall_check_us_ < 100000) return;
   last_stall_check_us_ = now_us;
+  if (InspectDeadlock(now_us, out)) return;
   for (auto& kv : pending_) {
     Pending& p = kv.second;
     const int64_t age = now_us - p.first_seen_us;
@@ -252,6 +279,44 @@ void Coordinator::InspectStalls(int64_t now_us, ResponseList* out) {
   }
 }
 
+bool Coordinator::InspectDeadlock(int64_t now_us, ResponseList* out) {
+  // A slow rank is busy elsewhere and waits on nothing; in a deadlock every
+  // rank waits on a collective that some other rank has not submitted, and
+  // nothing new has arrived for the whole bound.
+  if (options_.deadlock_us <= 0 || pending_.empty() || !ready_.empty()) return false;
+  const int64_t quiet = now_us - std::max(last_activity_us_, int64_t{0});
+  if (last_activity_us_ == 0 || quiet < options_.deadlock_us) return false;
+  std::vector<std::vector<const Pending*>> waits(size_);
+  for (const auto& kv : pending_)
+    for (int r = 0; r < size_; ++r)
+      if (kv.second.submitted[r]) waits[r].push_back(&kv.second);
+  for (int r = 0; r < size_; ++r)
+    if (waits[r].empty() && !joined_[r]) return false;  // r is busy: slow, not stuck
+  std::string msg = "Deadlock: every rank waits on a collective that another rank has "
+                    "not submitted, and nothing has arrived for " +
+                    std::to_string(quiet / 1000000) + " s.";
+  for (int r = 0; r < size_; ++r) {
+    msg += " Rank " + std::to_string(r) + " waits on ";
+    if (waits[r].empty()) msg += "the others (it has joined)";
+    std::sort(waits[r].begin(), waits[r].end(),
+              [](const Pending* a, const Pending* b) { return a->order < b->order; });
+    for (size_t i = 0; i < waits[r].size() && i < 4; ++i) {
+      const Pending* p = waits[r][i];
+      msg += (i ? ", " : "") + std::string(OpTypeName(p->metas[r].type)) + " '" + p->name + "'";
+    }
+    if (waits[r].size() > 4) msg += " and " + std::to_string(waits[r].size() - 4) + " more";
+    msg += ";";
+  }
+  msg.back() = '.';
+  msg += " The ranks called different collectives: for example one rank left fit() "
+         "early or ran a collective in a data-dependent branch. "
+         "(KERASDIST_DEADLOCK_TIME_SECONDS sets this bound; 0 turns the check off.)";
+  abort_message_ = msg;
+  out->abort = true;
+  out->message = msg;
+  return true;
+}
+
 ResponseList Coordinator::Plan(int64_t now_us) {
   ResponseList out;
   if (!abort_message_.empty()) {
@@ -279,6 +344,8 @@ ResponseList Coordinator::Plan(int64_t now_us) {
     joined_.assign(size_, false);
     joined_count_ = 0;
   }
+  if (!out.responses.empty()) last_activity_us_ = now_us;
+  ReleaseTransientIds();
   InspectStalls(now_us, &out);
   if (shutdown_rank_ >= 0 && !out.abort) {
     out.shutdown = true;

@@ -19,6 +19,9 @@ struct CoordinatorOptions {
   int64_t cycle_time_us = 1000;        // longest a ready allreduce waits to fuse
   int64_t stall_warning_us = 60 * 1000000LL;
   int64_t stall_shutdown_us = 0;       // 0: never abort on a stall
+  // Every rank waits on collectives the others have not submitted and
+  // nothing new has arrived for this long: a deadlock, aborted. 0: never.
+  int64_t deadlock_us = 60 * 1000000LL;
 };
 
 class Coordinator {
@@ -61,6 +64,8 @@ class Coordinator {
   Ready Validate(const Pending& p, int64_t now_us);
   void EmitReady(int64_t now_us, ResponseList* out);
   void InspectStalls(int64_t now_us, ResponseList* out);
+  bool InspectDeadlock(int64_t now_us, ResponseList* out);
+  void ReleaseTransientIds();
 
   int size_;
   CoordinatorOptions options_;
@@ -80,6 +85,14 @@ class Coordinator {
   int shutdown_rank_ = -1;
   std::string abort_message_;
   int64_t last_stall_check_us_ = 0;
+  int64_t last_activity_us_ = 0;  // last submission or response
+  // Ids of unnamed eager collectives (never repeated) are reused.
+  std::vector<int32_t> free_ids_;
+  std::vector<int32_t> transient_used_;
 };
+
+// Names that kerasdist generates for unnamed eager collectives; they never
+// repeat, so caching them would only grow the cache.
+bool IsTransientName(const std::string& name);
 
 }  // namespace kerasdist

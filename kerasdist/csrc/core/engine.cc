@@ -29,9 +29,11 @@ std::string JoinNames(const std::vector<Request*>& reqs) {
 
 }  // namespace
 
-Engine::Engine(std::unique_ptr<Transport> transport, const EngineConfig& config)
+Engine::Engine(std::unique_ptr<Transport> transport, const EngineConfig& config,
+               const Topology& topology)
     : transport_(std::move(transport)),
       config_(config),
+      topology_(topology),
       rank_(transport_->rank()),
       size_(transport_->size()) {
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, config_.coordinator);
@@ -77,10 +79,11 @@ void Engine::EnqueueMany(Request* requests, size_t n) {
   for (size_t i = 0; i < n; ++i) requests[i].done(stopped);
 }
 
-void Engine::Shutdown() {
+bool Engine::Shutdown() {
   {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!thread_.joinable()) return;
+    if (detached_) return false;
+    if (!thread_.joinable()) return true;
     shutdown_requested_ = true;
     cv_.notify_one();
     // Bounded: the loop itself gives up after the collective timeout.
@@ -92,10 +95,12 @@ void Engine::Shutdown() {
                    "%lld ms; leaving it behind\n",
                    Prefix().c_str(), static_cast<long long>(bound.count()));
       thread_.detach();
-      return;
+      detached_ = true;
+      return false;
     }
   }
   thread_.join();
+  return true;
 }
 
 void Engine::TakeNewRequests(RequestList* mine, bool* progressed) {
@@ -155,10 +160,42 @@ void Engine::Loop() {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 #endif
   Status exit_status(StatusCode::kShutdown, Prefix() + "kerasdist has been shut down");
+  try {
+    RunLoop(&exit_status);
+  } catch (const std::exception& e) {
+    exit_status = Status(StatusCode::kInternal,
+                         Prefix() + "internal error in the engine: " + e.what());
+  } catch (...) {
+    exit_status = Status(StatusCode::kInternal, Prefix() + "internal error in the engine");
+  }
+  FinishControlSends(std::min<int64_t>(2000, config_.collective.timeout_ms));
+  if (transport_->Unsafe()) AbandonBuffers();
+  FailAll(exit_status);
+  timeline_.Close();
+}
+
+void Engine::AbandonBuffers() {
+  // MPI could not confirm that it let go of a cancelled transfer: it may
+  // still write into (or read from) these buffers, so they are never freed.
+  new std::vector<char>(std::move(scratch_));
+  new std::vector<char>(std::move(fusion_buffer_));
+  scratch_.clear();
+  fusion_buffer_.clear();
+}
+
+int64_t Engine::LivenessBoundUs() const {
+  return std::max<int64_t>(config_.collective.timeout_ms * 1000, 4 * kHeartbeatUs);
+}
+
+void Engine::RunLoop(Status* exit_status) {
   bool shutdown_sent = false;
   int64_t shutdown_sent_us = 0;
   int64_t idle_since = NowMicros();
   int64_t backoff_us = 0;
+  int64_t last_sent_us = NowMicros();
+  const int64_t started_us = NowMicros();
+  std::vector<int64_t> last_heard(size_, started_us);  // rank 0: per worker
+  int64_t heard_root_us = started_us;                  // workers
   bool running = true;
   while (running) {
     bool progressed = false;
@@ -171,6 +208,7 @@ void Engine::Loop() {
       shutdown_sent_us = NowMicros();
       progressed = true;
     }
+    const int64_t now = NowMicros();
     if (rank_ == 0) {
       coordinator_->Submit(0, mine);
       int peer;
@@ -182,24 +220,44 @@ void Engine::Loop() {
         if (s.ok() && !Parse(wire, &theirs))
           s = Status(StatusCode::kInternal, "corrupt request from rank " + std::to_string(peer));
         if (!s.ok()) {
-          exit_status = Status(StatusCode::kAborted, Prefix() + s.message());
+          *exit_status = Status(StatusCode::kAborted, Prefix() + s.message());
           running = false;
           break;
         }
+        last_heard[peer] = NowMicros();
         coordinator_->Submit(peer, theirs);
-        progressed = true;
+        if (!theirs.entries.empty() || theirs.shutdown) progressed = true;
       }
       if (!running) break;
       ResponseList plan = coordinator_->Plan(NowMicros());
-      if (!plan.empty()) {
-        progressed = true;
+      // A worker that stopped talking (frozen, or its host gone) while
+      // others wait on it: stop everyone, naming it.
+      if (plan.empty() && coordinator_->HasPending()) {
+        for (int w = 1; w < size_; ++w) {
+          const int64_t silent = now - last_heard[w];
+          if (silent > LivenessBoundUs()) {
+            plan.abort = true;
+            plan.message = DescribeRank(topology_, w) + " has not answered rank 0 for " +
+                           std::to_string(silent / 1000000) +
+                           " s while collectives wait for it: it has stopped or lost its "
+                           "connection (bound: KERASDIST_TIMEOUT_SECONDS)";
+            break;
+          }
+        }
+      }
+      if (!plan.empty() || now - last_sent_us > kHeartbeatUs) {
+        // An empty list is the heartbeat that tells workers rank 0 is alive.
+        if (!plan.empty()) progressed = true;
         const std::string wire = Serialize(plan);
         for (int w = 1; w < size_; ++w) SendControl(w, kTagResponse, wire);
-        running = Execute(plan, &exit_status);
+        last_sent_us = now;
+        if (!plan.empty()) running = Execute(plan, exit_status);
       }
     } else {
-      if (!mine.entries.empty() || mine.shutdown)
+      if (!mine.entries.empty() || mine.shutdown || now - last_sent_us > kHeartbeatUs) {
         SendControl(0, kTagRequest, Serialize(mine));
+        last_sent_us = now;
+      }
       int peer;
       size_t bytes;
       while (running && transport_->Probe(kTagResponse, &peer, &bytes)) {
@@ -209,19 +267,31 @@ void Engine::Loop() {
         if (s.ok() && !Parse(wire, &plan))
           s = Status(StatusCode::kInternal, "corrupt response from rank 0");
         if (!s.ok()) {
-          exit_status = Status(StatusCode::kAborted, Prefix() + s.message());
+          *exit_status = Status(StatusCode::kAborted, Prefix() + s.message());
           running = false;
           break;
         }
+        heard_root_us = NowMicros();
+        if (plan.empty()) continue;  // heartbeat
         progressed = true;
-        running = Execute(plan, &exit_status);
+        running = Execute(plan, exit_status);
+      }
+      const int64_t silent = NowMicros() - heard_root_us;
+      if (running && (!inflight_.empty() || shutdown_sent) && silent > LivenessBoundUs()) {
+        *exit_status = Status(
+            StatusCode::kAborted,
+            Prefix() + DescribeRank(topology_, 0) + " (the coordinator) has not answered for " +
+                std::to_string(silent / 1000000) +
+                " s while this rank waits on collectives: it has stopped or lost its "
+                "connection (bound: KERASDIST_TIMEOUT_SECONDS)");
+        running = false;
       }
       if (running && shutdown_sent &&
           NowMicros() - shutdown_sent_us > config_.collective.timeout_ms * 1000) {
-        exit_status = Status(StatusCode::kTimeout,
-                             Prefix() + "timed out after " +
-                                 std::to_string(config_.collective.timeout_ms) +
-                                 " ms waiting for rank 0 to acknowledge shutdown");
+        *exit_status = Status(StatusCode::kTimeout,
+                              Prefix() + "timed out after " +
+                                  std::to_string(config_.collective.timeout_ms) +
+                                  " ms waiting for rank 0 to acknowledge shutdown");
         running = false;
       }
     }
@@ -248,9 +318,6 @@ void Engine::Loop() {
                    [this] { return !queue_.empty() || shutdown_requested_; });
     }
   }
-  FinishControlSends(std::min<int64_t>(2000, config_.collective.timeout_ms));
-  FailAll(exit_status);
-  timeline_.Close();
 }
 
 void Engine::FailAll(const Status& status) {
@@ -316,7 +383,7 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
     for (size_t i = 0; i < reqs.size(); ++i) {
       Request* r = reqs[i];
       if (!r) continue;
-      if (s.ok() && r->meta.type != OpType::kAllgather)
+      if (s.ok() && r->meta.type != OpType::kAllgather && !IsTransientName(r->name))
         cache_[r->name] = {resp.ids[i], r->meta};
       r->done(s);
       inflight_.erase(r->name);

@@ -22,6 +22,7 @@
 #include "collectives.h"
 #include "coordinator.h"
 #include "message.h"
+#include "setup_exchange.h"
 #include "timeline.h"
 #include "transport.h"
 
@@ -32,6 +33,7 @@ struct EngineConfig {
   CollectiveOptions collective;
   std::string timeline_path;  // empty: no timeline (only rank 0 writes one)
   bool shared_memory = true;  // ring links within a host over /dev/shm
+  std::string version;        // the package version, agreed at init()
 };
 
 // Allocates the output once its shape is known (allgather), on the engine
@@ -53,7 +55,8 @@ struct Request {
 
 class Engine {
  public:
-  Engine(std::unique_ptr<Transport> transport, const EngineConfig& config);
+  Engine(std::unique_ptr<Transport> transport, const EngineConfig& config,
+         const Topology& topology);
   ~Engine();
   void Start();
   // Thread-safe. If the engine has stopped, `done` runs at once with the
@@ -63,12 +66,19 @@ class Engine {
   // same cycle and can fuse them. Same contract as Enqueue().
   void EnqueueBatch(std::vector<Request> requests);
   // Asks every rank to shut down and waits, bounded, for this engine thread.
-  void Shutdown();
+  // Returns false if the thread had to be left behind: the Engine must then
+  // never be destroyed.
+  bool Shutdown();
   int rank() const { return rank_; }
   int size() const { return size_; }
 
  private:
   void Loop();
+  void RunLoop(Status* exit_status);
+  void AbandonBuffers();
+  int64_t LivenessBoundUs() const;
+  // Ranks tell each other they are alive at least this often.
+  static constexpr int64_t kHeartbeatUs = 1000000;
   void EnqueueMany(Request* requests, size_t n);  // moves from requests
   void TakeNewRequests(RequestList* mine, bool* progressed);
   bool Execute(const ResponseList& list, Status* exit_status);
@@ -83,6 +93,7 @@ class Engine {
 
   std::unique_ptr<Transport> transport_;
   EngineConfig config_;
+  Topology topology_;
   const int rank_;
   const int size_;
   std::thread thread_;
@@ -93,6 +104,7 @@ class Engine {
   std::vector<Request> queue_;
   bool shutdown_requested_ = false;
   bool stopped_ = false;
+  bool detached_ = false;
   Status final_status_;
 
   // Engine-thread state.

@@ -29,7 +29,8 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
                    long long cycle_time_us, long long stall_warning_us,
                    long long stall_shutdown_us, long long timeout_ms,
                    long long init_timeout_ms, long long segment_bytes,
-                   int shared_memory, const char* timeline_path, char* err,
+                   int shared_memory, const char* timeline_path,
+                   const char* version, long long deadlock_us, char* err,
                    int err_len) {
   std::lock_guard<std::mutex> lock(kerasdist::g_mu);
   if (*kerasdist::g_context) return 0;  // init() twice is harmless
@@ -42,6 +43,8 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
   if (segment_bytes > 0) config.collective.segment_bytes = segment_bytes;
   config.timeline_path = timeline_path ? timeline_path : "";
   config.shared_memory = shared_memory != 0;
+  config.version = version ? version : "";
+  config.coordinator.deadlock_us = deadlock_us;
   std::unique_ptr<Context> ctx;
   kerasdist::Status s =
       Context::Create(MPI_Comm_f2c(fortran_comm), config, init_timeout_ms, &ctx);
@@ -63,6 +66,19 @@ int kerasdist_shutdown() {
   // Kernels still running hold their own reference; the engine stops when
   // the last one is released. Shut it down now so that no rank waits on us.
   if (ctx) ctx->engine()->Shutdown();
+  return 0;
+}
+
+// Writes local_rank, local_size, cross_rank, cross_size, homogeneous.
+int kerasdist_topology(int* out) {
+  auto ctx = kerasdist::CurrentContext();
+  if (!ctx) return 1;
+  const auto& t = ctx->topology();
+  out[0] = t.local_rank;
+  out[1] = t.local_size;
+  out[2] = t.cross_rank;
+  out[3] = t.cross_size;
+  out[4] = t.homogeneous ? 1 : 0;
   return 0;
 }
 

@@ -1,0 +1,78 @@
+"""Deadlocks, slow ranks and silent ranks, with the default abort rules.
+
+argv[1] selects the case (run with KERASDIST_DEADLOCK_TIME_SECONDS=3 and
+KERASDIST_TIMEOUT_SECONDS=3):
+- deadlock: rank 0 calls allgather_object while the others are in an
+  allreduce, as when one rank leaves fit() early. Every rank fails with an
+  error that names what each rank waits on.
+- slow: rank 0 works (sleeps) for 8 s before its allreduce while the others
+  wait. That is a slow rank, not a deadlock: everything succeeds.
+- frozen_root: rank 0 stops (SIGSTOP) while the others wait on it; they fail
+  naming rank 0, within the liveness bound.
+- frozen_worker: the last rank stops before its allreduce; rank 0 (and the
+  others) fail naming it.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import kerasdist as kd
+from _util import log, main
+
+
+def expect_abort(fn, *needles):
+    start = time.monotonic()
+    try:
+        fn()
+    except tf.errors.OpError as e:
+        for needle in needles:
+            assert needle in e.message, (needle, e.message)
+        log(f"failed as expected after {time.monotonic() - start:.1f} s: {e.message}")
+        return
+    raise AssertionError("the collective returned")
+
+
+def run():
+    size, r = kd.size(), kd.rank()
+    case = sys.argv[1]
+    pids = kd.allgather_object(os.getpid())
+    if case == "deadlock":
+        if r == 0:
+            expect_abort(lambda: kd.allgather_object({"done": True}), "Deadlock",
+                         "Rank 0 waits on allgather", "Rank 1 waits on allreduce 'step.grad'")
+        else:
+            expect_abort(lambda: kd.allreduce(tf.ones([8]), name="step.grad"),
+                         "Deadlock", "Rank 0 waits on allgather")
+    elif case == "slow":
+        if r == 0:
+            time.sleep(8)
+        out = kd.allreduce(tf.ones([8]), op=kd.Sum, name="slow.tensor")
+        np.testing.assert_array_equal(out.numpy(), np.full(8, size, np.float32))
+        log("slow rank tolerated")
+    elif case == "frozen_root":
+        if r == 0:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            expect_abort(lambda: kd.allreduce(tf.ones([8]), name="wait.root"),
+                         "rank 0 (host", "has not answered")
+            if r == 1:
+                os.kill(pids[0], signal.SIGKILL)
+    elif case == "frozen_worker":
+        last = size - 1
+        if r == last:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            expect_abort(lambda: kd.allreduce(tf.ones([8]), name="wait.worker"),
+                         f"rank {last} (host", "has not answered")
+            if r == 0:
+                os.kill(pids[last], signal.SIGKILL)
+    else:
+        raise ValueError(case)
+
+
+main(run)

@@ -1,0 +1,37 @@
+"""Settings that shape the wire must agree: a rank started with another
+KERASDIST_SEGMENT_BYTES makes init() fail on every rank, naming the setting
+and the rank. The topology queries come from the same setup exchange."""
+
+import os
+import socket
+import sys
+
+from mpi4py import MPI
+
+world = MPI.COMM_WORLD
+if sys.argv[1] == "mismatch" and world.Get_rank() == world.Get_size() - 1:
+    os.environ["KERASDIST_SEGMENT_BYTES"] = "65536"
+
+import kerasdist as kd  # noqa: E402
+
+r = world.Get_rank()
+if sys.argv[1] == "mismatch":
+    try:
+        kd.init()
+    except RuntimeError as e:
+        msg = str(e)
+        last = world.Get_size() - 1
+        assert "KERASDIST_SEGMENT_BYTES is 262144 on rank 0 but 65536 on rank " + str(last) in msg, msg
+        print(f"[rank {r}] init refused: {msg}", flush=True)
+        sys.exit(0)
+    print(f"[rank {r}] FAILED: init() accepted differing settings", flush=True)
+    sys.exit(1)
+
+kd.init()
+hosts = world.allgather(socket.gethostname())
+same = [q for q in range(kd.size()) if hosts[q] == hosts[r]]
+assert kd.local_rank() == same.index(r) and kd.local_size() == len(same)
+peers = [q for q in range(kd.size())
+         if [p for p in range(kd.size()) if hosts[p] == hosts[q]].index(q) == kd.local_rank()]
+assert kd.cross_rank() == peers.index(r) and kd.cross_size() == len(peers)
+print(f"[rank {r}] topology ok", flush=True)

@@ -1,0 +1,53 @@
+"""Default liveness rules: a deadlock aborts, a slow rank is tolerated, a
+silent rank (frozen, or its host gone) is named by the others."""
+
+import re
+
+import pytest
+
+from conftest import run_mpi
+
+ENV = {"KERASDIST_DEADLOCK_TIME_SECONDS": "3", "KERASDIST_TIMEOUT_SECONDS": "3"}
+
+
+def _failures(out):
+    return [l for l in out.splitlines() if "failed as expected after" in l]
+
+
+def test_deadlock_aborts_every_rank_naming_what_each_waits_on():
+    out = run_mpi("liveness.py", 3, timeout=120, env=ENV, args=["deadlock"]).stdout
+    lines = _failures(out)
+    assert len(lines) == 3, out[-4000:]
+    for line in lines:
+        assert "Rank 0 waits on allgather" in line, line
+        assert "Rank 2 waits on allreduce 'step.grad'" in line, line
+
+
+def test_slow_rank_is_not_a_deadlock():
+    out = run_mpi("liveness.py", 3, timeout=120, env=ENV, args=["slow"]).stdout
+    assert out.count("slow rank tolerated") == 3, out[-4000:]
+
+
+@pytest.mark.parametrize("case, lost", [("frozen_root", 0), ("frozen_worker", 2)])
+def test_silent_rank_is_named_within_the_bound(case, lost):
+    # The survivors kill the frozen rank once they have failed, so the job
+    # itself ends by a signal: only the survivors' lines matter here.
+    out = run_mpi("liveness.py", 3, timeout=120, env=ENV, args=[case],
+                  check=False).stdout
+    lines = _failures(out)
+    assert len(lines) == 2, out[-4000:]
+    for line in lines:
+        assert re.search(rf"rank {lost} \(host [^)]+\)", line), line
+        assert "has not answered" in line, line
+        # Bound: max(KERASDIST_TIMEOUT_SECONDS, 4 heartbeats) plus slack.
+        assert float(re.search(r"after ([0-9.]+) s", line).group(1)) < 30, line
+
+
+def test_differing_wire_settings_fail_init_on_every_rank():
+    out = run_mpi("settings.py", 3, timeout=120, args=["mismatch"]).stdout
+    assert out.count("init refused") == 3, out[-4000:]
+
+
+def test_topology_from_the_setup_exchange():
+    out = run_mpi("settings.py", 3, timeout=120, args=["topology"]).stdout
+    assert out.count("topology ok") == 3, out[-4000:]
