@@ -30,6 +30,7 @@ decide whether to skip, and `require()` in pytest to skip (or fail with
 """
 
 import itertools
+import json
 import os
 import re
 import select
@@ -40,11 +41,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 SUBNET = "10.250.71"  # only ever configured inside the namespaces made here
 PREFIX = "kdt"
 _NAME_RE = re.compile(rf"^{PREFIX}(\d+)x(\d+)-(br|h\d+)$")
 _SEQ = itertools.count()
+_NOISE = re.compile(r"UCX +WARN|oneDNN custom operations|absl::InitializeLog|"
+                    r"^\s*$")
 _COMMAND_TIMEOUT = 30.0
 _KILL_GRACE = 5.0
 
@@ -80,9 +84,13 @@ class JobResult:
         return not self.timed_out and self.returncode == 0
 
     def describe(self, tail=8000):
+        """A summary for failure messages: the state and the output's end,
+        without the lines of TensorFlow's and UCX's start-up and exit noise."""
         state = (f"timed out after {self.seconds:.0f} s (a hang) and was killed"
                  if self.timed_out else f"exited with {self.returncode}")
-        return f"Job {state}. Output:\n{self.output[-tail:]}"
+        lines = [line for line in self.output.splitlines()
+                 if not _NOISE.search(line)]
+        return f"Job {state}. Output:\n" + "\n".join(lines)[-tail:]
 
 
 def _run(argv, timeout=_COMMAND_TIMEOUT, check=True):
@@ -192,7 +200,7 @@ class Host:
 
     def enter_argv(self, cwd=None):
         """The argv prefix that runs a command inside this host."""
-        argv = [_tool("nsenter"), "-t", str(self.pid), "-n", "-u", "-m"]
+        argv = [_tool("nsenter"), "-t", str(self.pid), "-n", "-u", "-i", "-m"]
         if cwd:
             argv.append(f"--wd={cwd}")
         return argv + ["--"]
@@ -274,13 +282,21 @@ class Cluster:
         self._write_launcher()
 
     def _start_holder(self, host, shm_size, hosts_file):
+        # A boot id of its own: UCX treats processes with one boot id (and
+        # IPC namespace) as one machine and would move "inter-host" bytes
+        # through shared memory or CMA instead of over the veth.
+        boot_id = os.path.join(self.workdir, f"boot_id.h{host.index}")
+        with open(boot_id, "w") as f:
+            f.write(f"{uuid.uuid4()}\n")
         script = (f"hostname {shlex.quote(host.name)} && "
                   f"mount -t tmpfs -o size={shlex.quote(shm_size)},mode=1777 "
                   f"kdshm /dev/shm && "
                   f"mount --bind {shlex.quote(hosts_file)} /etc/hosts && "
+                  f"mount --bind {shlex.quote(boot_id)} /proc/sys/kernel/random/boot_id && "
                   "echo ready && exec sleep infinity")
         argv = [_tool("ip"), "netns", "exec", host.name, _tool("unshare"),
-                "--uts", "--mount", "--propagation", "private", "sh", "-c", script]
+                "--uts", "--ipc", "--mount", "--propagation", "private",
+                "sh", "-c", script]
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
@@ -311,7 +327,7 @@ case "$host" in
 {cases}  *) echo "tests/hosts.py launcher: unknown host $host" >&2; exit 255;;
 esac
 # Like ssh: the remaining words are one command line for a shell.
-exec {_tool("nsenter")} -t "$pid" -n -u -m -- /bin/sh -c "$*"
+exec {_tool("nsenter")} -t "$pid" -n -u -i -m -- /bin/sh -c "$*"
 """
         with open(self.launcher, "w") as f:
             f.write(text)
@@ -354,6 +370,17 @@ exec {_tool("nsenter")} -t "$pid" -n -u -m -- /bin/sh -c "$*"
         h = self.hosts[host - 1]
         return self._wait(h.enter_argv(cwd or os.getcwd()) + [str(a) for a in argv],
                           timeout, env)
+
+    def link_bytes(self, host):
+        """Bytes received and sent so far by a host's link (1-based index).
+
+        Returns:
+            A `(rx_bytes, tx_bytes)` tuple, counted on the host's `eth0`.
+        """
+        out = _run([_tool("ip"), "-n", self.hosts[host - 1].name, "-j", "-s",
+                    "link", "show", "dev", "eth0"]).stdout
+        stats = json.loads(out)[0]["stats64"]
+        return stats["rx"]["bytes"], stats["tx"]["bytes"]
 
     def hosts_arg(self, slots):
         """The `-hosts` value for `slots[i]` ranks on host i+1 (0 = unused)."""

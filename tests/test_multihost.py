@@ -143,6 +143,21 @@ def test_cleanup_on_error_inside_the_context():
     assert not any(os.path.exists(f"/proc/{p}/ns") for p in holders)
 
 
+def test_inter_host_mpi_bytes_cross_the_links(cluster):
+    # Without a boot id and IPC namespace per host, UCX would take the ranks
+    # for one machine and move these bytes through shared memory instead.
+    before = cluster.link_bytes(2)
+    result = cluster.mpirun([sys.executable, os.path.join(HERE, "multihost",
+                                                          "mpi_allreduce.py"), "16"],
+                            slots=[1, 1], timeout=120, cwd=HERE)
+    assert result.ok and result.output.count("MPI allreduce ok") == 2, result.describe()
+    after = cluster.link_bytes(2)
+    mib = 1 << 20
+    # Host 2 must at least receive host 1's 16 MiB, and send its own.
+    assert after[0] - before[0] >= 16 * mib, (before, after)
+    assert after[1] - before[1] >= 16 * mib, (before, after)
+
+
 def test_shaping_installs_tbf_on_both_ends(cluster):
     cluster.shape("2gbit")
     try:
@@ -189,9 +204,14 @@ def test_fit_with_callbacks_ends_with_bit_identical_replicas(cluster, layout):
 def test_64mib_allreduce_across_2x2_is_exact(cluster):
     # Mixed shared-memory / MPI ring on 2 hosts x 2 ranks; this size once
     # stalled (see ARCHITECTURE.md, 2026-12-03). 64 MiB first, then smaller.
+    before = cluster.link_bytes(2)
     result = run_suite(cluster, ["multihost/big_allreduce.py:64,16,1"], [2, 2],
                        timeout=180)
     assert result.output.count("BIG 64 ") == 2 * 4
+    # The ring 0->1->2->3->0 crosses into host 2 on the link 1->2, which
+    # carries 2(N-1)/N of each buffer: 1.5 x (64 + 16 + 1) MiB, twice.
+    received = cluster.link_bytes(2)[0] - before[0]
+    assert received >= 2 * 1.5 * 81 * (1 << 20), received
 
 
 def test_allreduce_exact_over_shaped_links(cluster):
