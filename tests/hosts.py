@@ -1,13 +1,15 @@
 """Test hosts on one machine: namespaces that MPI sees as separate hosts.
 
 Each host gets its own network namespace (a veth into a bridge that lives in
-a namespace of its own), its own hostname (UTS namespace) and a private,
-fresh `/dev/shm` (mount namespace). A holder process (`sleep`) keeps each
-host's namespaces alive; everything that runs on a host enters them with
-`nsenter`. MPICH's hydra starts the ranks through `-launcher ssh
--launcher-exec <script>`: the generated script drops ssh-style options,
-takes the host argument and runs the rest inside that host's namespaces
-instead of logging in. `mpiexec` itself runs on host 1.
+a namespace of its own), its own hostname (UTS namespace), a private, fresh
+`/dev/shm` (mount namespace), its own IPC namespace and boot id (else UCX
+takes all hosts for one machine and moves their bytes through shared
+memory), and an `/etc/hosts` naming all hosts. A holder process (`sleep`)
+keeps each host's namespaces alive; everything that runs on a host enters
+them with `nsenter`. MPICH's hydra starts the ranks through `-launcher ssh
+-launcher-exec tests/multihost/hydra_ssh.sh`: that script drops ssh-style
+options, takes the host argument and runs the rest inside that host's
+namespaces instead of logging in. `mpiexec` itself runs on host 1.
 
 Addresses come from one private /24 that exists only inside the namespaces
 made here; nothing is connected to the caller's namespace, so nothing is
@@ -26,7 +28,7 @@ with hosts.Cluster(2) as cluster:
 
 Requires root, `ip`, `unshare` and `nsenter`. Use `unavailable_reason()` to
 decide whether to skip, and `require()` in pytest to skip (or fail with
-`CI=true`).
+`CI=true`). From `benchmarks/`, put `tests/` on `sys.path` and `import hosts`.
 """
 
 import itertools
@@ -43,6 +45,8 @@ import tempfile
 import time
 import uuid
 
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost",
+                        "hydra_ssh.sh")
 SUBNET = "10.250.71"  # only ever configured inside the namespaces made here
 PREFIX = "kdt"
 _NAME_RE = re.compile(rf"^{PREFIX}(\d+)x(\d+)-(br|h\d+)$")
@@ -73,11 +77,8 @@ class JobResult:
     """
 
     def __init__(self, argv, returncode, output, timed_out, seconds):
-        self.argv = argv
-        self.returncode = returncode
-        self.output = output
-        self.timed_out = timed_out
-        self.seconds = seconds
+        self.argv, self.returncode, self.output = argv, returncode, output
+        self.timed_out, self.seconds = timed_out, seconds
 
     @property
     def ok(self):
@@ -107,9 +108,7 @@ def _run(argv, timeout=_COMMAND_TIMEOUT, check=True):
 
 
 def _tool(name):
-    path = shutil.which(name) or next(
-        (p for p in (f"/usr/sbin/{name}", f"/sbin/{name}", f"/usr/bin/{name}")
-         if os.path.exists(p)), None)
+    path = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
     if path is None:
         raise HostsUnavailable(f"`{name}` is not installed")
     return path
@@ -169,6 +168,11 @@ def cleanup_stale():
         if m and not _alive(int(m.group(1))):
             stale.append(name)
     _delete_namespaces(stale)
+    tmp = tempfile.gettempdir()
+    for entry in os.listdir(tmp):
+        m = re.match(rf"^{PREFIX}(\d+)x\d+-", entry)
+        if m and not _alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
     return stale
 
 
@@ -192,11 +196,8 @@ class Host:
     """
 
     def __init__(self, index, name, address):
-        self.index = index
-        self.name = name
-        self.address = address
-        self.pid = None
-        self.holder = None
+        self.index, self.name, self.address = index, name, address
+        self.pid = self.holder = None
 
     def enter_argv(self, cwd=None):
         """The argv prefix that runs a command inside this host."""
@@ -218,7 +219,7 @@ class Cluster:
             applied with `tc ... tbf` in both directions. Defaults to `None`
             (unshaped).
         shm_size: Size of each host's private `/dev/shm`. Defaults to `"2g"`.
-        workdir: Where to put the launcher script and hosts file. Defaults to
+        workdir: Where to put the host map, hosts file and boot ids. Defaults to
             a fresh temporary directory, removed on close.
 
     Raises:
@@ -231,13 +232,15 @@ class Cluster:
             raise ValueError("Invalid value for argument `num_hosts`. Expected "
                              f"1 to 200. Received: num_hosts={num_hosts!r}")
         _check_prerequisites()
-        self.token = f"{PREFIX}{os.getpid()}x{next(_SEQ)}"
+        self._owner = os.getpid()  # a forked child must not tear it down
+        self.token = f"{PREFIX}{self._owner}x{next(_SEQ)}"
         self.bridge_ns = f"{self.token}-br"
         self.hosts = [Host(i, f"{self.token}-h{i}", f"{SUBNET}.{i}")
                       for i in range(1, int(num_hosts) + 1)]
         self._own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix=f"{self.token}-")
-        self.launcher = os.path.join(self.workdir, "launch.sh")
+        self.launcher = LAUNCHER
+        self.host_map = os.path.join(self.workdir, "hosts.map")
         self._created = []
         self._closed = False
         try:
@@ -279,7 +282,7 @@ class Cluster:
             self._ip("-n", h.name, "addr", "add", f"{h.address}/24", "dev", "eth0")
             self._ip("-n", h.name, "link", "set", "eth0", "up")
             self._start_holder(h, shm_size, hosts_file)
-        self._write_launcher()
+        self._write_host_map()
 
     def _start_holder(self, host, shm_size, hosts_file):
         # A boot id of its own: UCX treats processes with one boot id (and
@@ -304,34 +307,12 @@ class Cluster:
         ready, _, _ = select.select([proc.stdout], [], [], _COMMAND_TIMEOUT)
         line = proc.stdout.readline() if ready else ""
         if line.strip() != "ready":
-            rest = ""
-            if proc.poll() is not None:
-                rest = proc.stdout.read()
+            rest = proc.stdout.read() if proc.poll() is not None else ""
             raise RuntimeError(f"host {host.name} did not start: {line}{rest}".strip())
 
-    def _write_launcher(self):
-        cases = "".join(
-            f"  {h.address}|{h.name}) pid={h.pid};;\n" for h in self.hosts)
-        text = f"""#!/bin/sh
-# Generated by tests/hosts.py: an "ssh" for hydra that enters a test host.
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -b|-c|-D|-E|-e|-F|-I|-i|-J|-L|-l|-m|-O|-o|-p|-Q|-R|-S|-W|-w) shift 2;;
-    -*) shift;;
-    *) break;;
-  esac
-done
-host=${{1#*@}}
-shift
-case "$host" in
-{cases}  *) echo "tests/hosts.py launcher: unknown host $host" >&2; exit 255;;
-esac
-# Like ssh: the remaining words are one command line for a shell.
-exec {_tool("nsenter")} -t "$pid" -n -u -i -m -- /bin/sh -c "$*"
-"""
-        with open(self.launcher, "w") as f:
-            f.write(text)
-        os.chmod(self.launcher, 0o755)
+    def _write_host_map(self):
+        with open(self.host_map, "w") as f:
+            f.writelines(f"{h.address} {h.name} {h.pid}\n" for h in self.hosts)
 
     # -- use ----------------------------------------------------------------
 
@@ -344,22 +325,20 @@ exec {_tool("nsenter")} -t "$pid" -n -u -i -m -- /bin/sh -c "$*"
                 least 64 KiB.
             latency: The longest a packet may wait in the bucket.
         """
-        bits = _parse_rate_bits(rate)
-        burst = int(burst or max(64 * 1024, bits / 8 / 100))
-        tc = _tool("tc")
-        for h in self.hosts:
-            for ns, dev in ((h.name, "eth0"), (self.bridge_ns, f"v{h.index}")):
-                _run([_tool("ip"), "netns", "exec", ns, tc, "qdisc", "replace", "dev",
-                      dev, "root", "tbf", "rate", str(rate), "burst", str(burst),
-                      "latency", latency])
+        burst = int(burst or max(64 * 1024, _parse_rate_bits(rate) / 8 / 100))
+        self._tc("replace", "tbf", "rate", str(rate), "burst", str(burst),
+                 "latency", latency)
 
     def unshape(self):
         """Removes the bandwidth limits set by `shape()`."""
-        tc = _tool("tc")
+        self._tc("del", check=False)
+
+    def _tc(self, verb, *qdisc, check=True):
+        # Both ends of each host's veth: egress of the host and towards it.
         for h in self.hosts:
             for ns, dev in ((h.name, "eth0"), (self.bridge_ns, f"v{h.index}")):
-                _run([_tool("ip"), "netns", "exec", ns, tc, "qdisc", "del", "dev",
-                      dev, "root"], check=False)
+                _run([_tool("ip"), "netns", "exec", ns, _tool("tc"), "qdisc", verb,
+                      "dev", dev, "root", *qdisc], check=check)
 
     def run(self, host, argv, timeout=60, env=None, cwd=None):
         """Runs one command on a host (1-based index) and waits for it.
@@ -413,7 +392,7 @@ exec {_tool("nsenter")} -t "$pid" -n -u -i -m -- /bin/sh -c "$*"
         total = sum(slots)
         if total < 1:
             raise ValueError(f"Invalid value for argument `slots`: {slots!r}")
-        launcher_host = next(i for i, n in enumerate(slots) if n) if slots else 0
+        launcher_host = next(i for i, n in enumerate(slots) if n)
         mpiexec = mpiexec or mpiexec_path()
         cmd = [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher,
                "-hosts", self.hosts_arg(slots), "-n", str(total), *extra_args,
@@ -421,7 +400,8 @@ exec {_tool("nsenter")} -t "$pid" -n -u -i -m -- /bin/sh -c "$*"
         # mpiexec runs on the first host with ranks (host 1 in every layout
         # the tests use), so that host's ranks are local to it.
         full = self.hosts[launcher_host].enter_argv(cwd or os.getcwd()) + cmd
-        result = self._wait(full, timeout, env)
+        result = self._wait(full, timeout, {"KD_TEST_HOSTS_MAP": self.host_map,
+                                            **(env or {})})
         if check and not result.ok:
             raise JobFailed(f"{shlex.join(cmd)} on slots {slots}: {result.describe()}")
         return result
@@ -470,7 +450,7 @@ exec {_tool("nsenter")} -t "$pid" -n -u -i -m -- /bin/sh -c "$*"
 
     def close(self):
         """Kills everything on the hosts and deletes all it created."""
-        if self._closed:
+        if self._closed or os.getpid() != getattr(self, "_owner", None):
             return
         self._closed = True
         try:
@@ -512,7 +492,7 @@ def _check_prerequisites():
     if os.geteuid() != 0:
         raise HostsUnavailable("namespaced test hosts need root (euid is "
                                f"{os.geteuid()})")
-    for tool in ("ip", "unshare", "nsenter", "mount", "hostname"):
+    for tool in ("ip", "unshare", "nsenter", "mount", "hostname", "awk"):
         _tool(tool)
 
 

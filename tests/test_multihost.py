@@ -169,6 +169,15 @@ def test_shaping_installs_tbf_on_both_ends(cluster):
     assert "tbf" not in out.output, out.output
 
 
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),
+                                         ("", pytest.skip.Exception)])
+def test_unavailable_hosts_skip_except_under_ci(monkeypatch, ci, outcome):
+    monkeypatch.setattr(hosts, "_probe_result", ["`ip` is not installed"])
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="`ip` is not installed"):
+        hosts.require()
+
+
 # -- kerasdist on the hosts -------------------------------------------------
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
