@@ -66,6 +66,7 @@ def load():
         ctypes.c_char_p, ll, ctypes.c_char_p, ctypes.c_int,
     ]
     lib.kerasdist_topology.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    lib.kerasdist_exit_guard.argtypes = [ctypes.c_double]
     lib.kerasdist_init.restype = ctypes.c_int
     lib.kerasdist_built_tf_version.restype = ctypes.c_char_p
     lib.kerasdist_transport_name.argtypes = [ctypes.c_char_p, ctypes.c_int]

@@ -207,8 +207,18 @@ def init(comm=None):
     _set_thread_pools(ctx.local_size)
     import kerasdist.ops  # noqa: F401  (registers the ops' gradients)
     if not ctx.atexit_registered:
-        atexit.register(shutdown)
+        atexit.register(_shutdown_at_exit)
         ctx.atexit_registered = True
+
+
+# How long exiting may take after a failed collective before the process
+# ends itself (see kerasdist_exit_guard in csrc/tf/c_api.cc).
+_EXIT_BOUND_SECONDS = 5.0
+
+
+def _shutdown_at_exit():
+    shutdown()
+    context.lib.kerasdist_exit_guard(_EXIT_BOUND_SECONDS)
 
 
 def shutdown():

@@ -51,3 +51,14 @@ def test_differing_wire_settings_fail_init_on_every_rank():
 def test_topology_from_the_setup_exchange():
     out = run_mpi("settings.py", 3, timeout=120, args=["topology"]).stdout
     assert out.count("topology ok") == 3, out[-4000:]
+
+
+def test_a_failed_process_exits_even_with_its_peer_frozen():
+    # Without the exit guard, rank 0 waited in MPI_Finalize for the frozen
+    # rank 1 until the outer timeout; now the job ends about 5 s after.
+    out = run_mpi("exit_after_failure.py", 2, timeout=90, check=False,
+                  env={"KERASDIST_TIMEOUT_SECONDS": "3", "KERASDIST_SHM": "0"})
+    text = out.stdout
+    assert out.returncode != 0, text[-3000:]
+    assert "[rank 0] collective failed" in text and "from rank 1" in text, text[-3000:]
+    assert "did not finish within 5 s; ending the process with exit code 1" in text

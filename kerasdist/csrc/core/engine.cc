@@ -49,6 +49,11 @@ Engine::~Engine() { Shutdown(); }
 
 void Engine::Start() { thread_ = std::thread([this] { Loop(); }); }
 
+bool Engine::Failed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopped_ && final_status_.code() != StatusCode::kShutdown;
+}
+
 std::string Engine::Prefix() const {
   return "rank " + std::to_string(rank_) + "/" + std::to_string(size_) + ": ";
 }

@@ -69,6 +69,8 @@ class Engine {
   // Returns false if the thread had to be left behind: the Engine must then
   // never be destroyed.
   bool Shutdown();
+  // True once the engine has stopped for any reason but a normal shutdown.
+  bool Failed();
   int rank() const { return rank_; }
   int size() const { return size_; }
 

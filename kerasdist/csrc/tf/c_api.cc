@@ -1,7 +1,11 @@
 // C entry points called from Python (kerasdist/runtime.py) through ctypes on
 // the same shared library that TensorFlow loaded the ops from.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "binding.h"
 
@@ -9,6 +13,7 @@ namespace kerasdist {
 
 namespace {
 std::mutex g_mu;
+bool g_failed = false;  // some engine of this process stopped on an error
 std::shared_ptr<Context>* g_context = new std::shared_ptr<Context>();  // never freed
 }  // namespace
 
@@ -65,8 +70,40 @@ int kerasdist_shutdown() {
   }
   // Kernels still running hold their own reference; the engine stops when
   // the last one is released. Shut it down now so that no rank waits on us.
-  if (ctx) ctx->engine()->Shutdown();
+  if (ctx) {
+    ctx->engine()->Shutdown();
+    if (ctx->engine()->Failed()) {
+      std::lock_guard<std::mutex> lock(kerasdist::g_mu);
+      kerasdist::g_failed = true;
+    }
+  }
   return 0;
+}
+
+// Called at interpreter exit. After a failed collective, MPI_Finalize (which
+// mpi4py calls next) can wait forever on a peer that is frozen or gone, or on
+// requests MPI could not cancel. So if some engine of this process failed,
+// a watchdog ends the process with exit code 1 should exiting take longer
+// than `seconds`. A healthy job is never cut short: a rank that finishes
+// early may legitimately wait in MPI_Finalize for the others.
+int kerasdist_exit_guard(double seconds) {
+  bool failed;
+  {
+    std::lock_guard<std::mutex> lock(kerasdist::g_mu);
+    failed = kerasdist::g_failed ||
+             (*kerasdist::g_context && (*kerasdist::g_context)->engine()->Failed());
+  }
+  if (!failed) return 0;
+  std::thread([seconds] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    std::fprintf(stderr,
+                 "[kerasdist] ERROR: a collective failed earlier and exiting (MPI_Finalize) "
+                 "did not finish within %.0f s; ending the process with exit code 1.\n",
+                 seconds);
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }).detach();
+  return 1;
 }
 
 // Writes local_rank, local_size, cross_rank, cross_size, homogeneous.
