@@ -13,6 +13,12 @@ def test_allreduce_every_dtype_op_and_size_matches_numpy(np_):
     run_mpi("allreduce_sweep.py", np_, timeout=240)
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_averages_that_fit_never_overflow_and_sums_wrap_like_numpy(np_):
+    out = run_mpi("reduce_overflow.py", np_, timeout=180).stdout
+    assert out.count("overflow checks passed") == np_
+
+
 def test_allreduce_sweep_over_mpi_only():
     # The sweep above runs on the shared-memory links; this is the MPI path.
     run_mpi("allreduce_sweep.py", 3, timeout=240, env={"KERASDIST_SHM": "0"})

@@ -16,6 +16,8 @@ namespace {
 
 const char kJoinName[] = "__kerasdist_join__";
 
+}  // namespace
+
 std::string JoinNames(const std::vector<Request*>& reqs) {
   std::string s;
   for (const Request* r : reqs) {
@@ -26,8 +28,6 @@ std::string JoinNames(const std::vector<Request*>& reqs) {
   }
   return s;
 }
-
-}  // namespace
 
 Engine::Engine(std::unique_ptr<Transport> transport, const EngineConfig& config,
                const Topology& topology)
@@ -406,118 +406,6 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
     return false;
   }
   return true;
-}
-
-Status Engine::RunResponse(const Response& resp, std::vector<Request*>& reqs) {
-  switch (resp.type) {
-    case OpType::kAllreduce: return RunAllreduce(resp, reqs);
-    case OpType::kAllgather: return RunAllgather(resp, reqs[0]);
-    case OpType::kBroadcast: return RunBroadcast(resp, reqs[0]);
-    default: return Status::OK();  // barrier: agreement is the whole job
-  }
-}
-
-Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
-  const size_t elem = DataTypeSize(resp.dtype);
-  size_t total = 0;
-  for (int64_t c : resp.counts) total += static_cast<size_t>(c);
-  const bool single = reqs.size() == 1 && reqs[0] != nullptr;
-  char* buf;
-  const int64_t t0 = NowMicros();
-  if (single) {
-    buf = static_cast<char*>(reqs[0]->output);
-    CopyScaled(buf, reqs[0]->input, total, resp.dtype, resp.prescale);
-  } else {
-    if (fusion_buffer_.size() < total * elem) fusion_buffer_.resize(total * elem);
-    buf = fusion_buffer_.data();
-    size_t off = 0;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const size_t n = static_cast<size_t>(resp.counts[i]);
-      if (reqs[i]) {
-        CopyScaled(buf + off, reqs[i]->input, n, resp.dtype, resp.prescale);
-      } else {
-        std::memset(buf + off, 0, n * elem);  // a joined rank contributes zeros
-      }
-      off += n * elem;
-    }
-  }
-  const int64_t t1 = NowMicros();
-  RingTimes times;
-  Status s = RingAllreduce(transport_.get(), buf, total, resp.dtype, resp.reduce_op,
-                           config_.collective, &scratch_, &times);
-  if (!s.ok()) return s;
-  const int contributors = resp.contributors > 0 ? resp.contributors : size_;
-  Finalize(buf, total, resp.dtype, resp.reduce_op, contributors, resp.postscale);
-  const int64_t t2 = NowMicros();
-  if (!single) {
-    size_t off = 0;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const size_t bytes = static_cast<size_t>(resp.counts[i]) * elem;
-      if (reqs[i]) std::memcpy(reqs[i]->output, buf + off, bytes);
-      off += bytes;
-    }
-  }
-  if (timeline_.enabled()) {
-    const std::string names = JoinNames(reqs);
-    const int64_t t3 = NowMicros();
-    timeline_.Event(single ? "copy_in" : "memcpy_in_fusion_buffer", kRowCopies, t0, t1, names);
-    timeline_.Event("ring_reduce_scatter", kRowCollective, times.start,
-                    times.reduce_scatter_end, names);
-    timeline_.Event("ring_allgather", kRowCollective, times.reduce_scatter_end, times.end, names);
-    if (!single) timeline_.Event("memcpy_out_fusion_buffer", kRowCopies, t2, t3, names);
-  }
-  return Status::OK();
-}
-
-Status Engine::RunAllgather(const Response& resp, Request* req) {
-  const size_t row_bytes = static_cast<size_t>(resp.counts[0]) * DataTypeSize(resp.dtype);
-  std::vector<size_t> offsets(size_), bytes(size_);
-  int64_t rows = 0;
-  size_t total = 0;
-  for (int r = 0; r < size_; ++r) {
-    offsets[r] = total;
-    bytes[r] = static_cast<size_t>(resp.rank_dim0[r]) * row_bytes;
-    total += bytes[r];
-    rows += resp.rank_dim0[r];
-  }
-  char* out;
-  if (req) {
-    std::vector<int64_t> shape = req->meta.shape;
-    shape[0] = rows;
-    void* data = nullptr;
-    Status s = req->allocate(shape, &data);
-    if (!s.ok()) return s;
-    out = static_cast<char*>(data);
-    if (bytes[rank_]) std::memcpy(out + offsets[rank_], req->input, bytes[rank_]);
-  } else {
-    if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
-    out = fusion_buffer_.data();
-  }
-  RingTimes times;
-  Status s = RingAllgather(transport_.get(), out, offsets, bytes, config_.collective,
-                           &scratch_, &times);
-  if (s.ok() && timeline_.enabled() && req)
-    timeline_.Event("ring_allgather", kRowCollective, times.start, times.end, req->name);
-  return s;
-}
-
-Status Engine::RunBroadcast(const Response& resp, Request* req) {
-  const size_t bytes = static_cast<size_t>(resp.counts[0]) * DataTypeSize(resp.dtype);
-  char* buf;
-  if (req) {
-    buf = static_cast<char*>(req->output);
-    if (rank_ == resp.root && req->output != req->input && bytes)
-      std::memcpy(buf, req->input, bytes);
-  } else {
-    if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
-    buf = fusion_buffer_.data();
-  }
-  const int64_t t0 = NowMicros();
-  Status s = ChainBroadcast(transport_.get(), buf, bytes, resp.root, config_.collective,
-                            &scratch_);
-  if (s.ok() && timeline_.enabled() && req)
-    timeline_.Event("broadcast", kRowCollective, t0, NowMicros(), req->name);
-  return s;
 }
 
 }  // namespace kerasdist

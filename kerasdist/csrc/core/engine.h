@@ -53,6 +53,9 @@ struct Request {
   int64_t enqueue_us = 0;
 };
 
+// "a,b,c" (shortened past 512 characters), for messages and the timeline.
+std::string JoinNames(const std::vector<Request*>& reqs);
+
 class Engine {
  public:
   Engine(std::unique_ptr<Transport> transport, const EngineConfig& config,

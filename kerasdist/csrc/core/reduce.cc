@@ -196,7 +196,44 @@ void DivideT(T* buf, size_t n, int64_t d) {
   for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / div);
 }
 
+template <typename To, typename From>
+void ConvertT(To* dst, const From* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
+}
+
+template <typename From>
+void ConvertFrom(void* dst, DataType to, const From* src, size_t n) {
+  switch (to) {
+    case DataType::kInt32: ConvertT(static_cast<int32_t*>(dst), src, n); break;
+    case DataType::kInt64: ConvertT(static_cast<int64_t*>(dst), src, n); break;
+    case DataType::kUInt8: ConvertT(static_cast<uint8_t*>(dst), src, n); break;
+    case DataType::kInt8: ConvertT(static_cast<int8_t*>(dst), src, n); break;
+    default: break;
+  }
+}
+
 }  // namespace
+
+DataType AccumulationType(DataType dtype, ReduceOp op) {
+  if (op != ReduceOp::kAverage) return dtype;
+  switch (dtype) {
+    case DataType::kUInt8:
+    case DataType::kInt8: return DataType::kInt32;
+    case DataType::kInt32: return DataType::kInt64;
+    default: return dtype;
+  }
+}
+
+void ConvertInteger(void* dst, DataType to, const void* src, DataType from,
+                    size_t count) {
+  switch (from) {
+    case DataType::kInt32: ConvertFrom(dst, to, static_cast<const int32_t*>(src), count); break;
+    case DataType::kInt64: ConvertFrom(dst, to, static_cast<const int64_t*>(src), count); break;
+    case DataType::kUInt8: ConvertFrom(dst, to, static_cast<const uint8_t*>(src), count); break;
+    case DataType::kInt8: ConvertFrom(dst, to, static_cast<const int8_t*>(src), count); break;
+    default: break;
+  }
+}
 
 void ReduceInto(void* dst, const void* src, size_t count, DataType dtype,
                 ReduceOp op) {

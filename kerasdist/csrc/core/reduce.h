@@ -29,6 +29,16 @@ void CopyScaled(void* dst, const void* src, size_t count, DataType dtype,
 void Finalize(void* buf, size_t count, DataType dtype, ReduceOp op,
               int world_size, double postscale);
 
+// The type a reduction accumulates in: averages of 8-bit integers in int32
+// and of int32 in int64 (so that a mean that fits is exact); otherwise the
+// element type itself.
+DataType AccumulationType(DataType dtype, ReduceOp op);
+
+// Converts `count` integers from `from` to `to` (both integer types); a
+// value outside `to`'s range wraps, as numpy's astype does.
+void ConvertInteger(void* dst, DataType to, const void* src, DataType from,
+                    size_t count);
+
 // Conversions used by the kernels and the tests.
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);

@@ -1,0 +1,145 @@
+// The engine's collectives: how each agreed response runs on this rank's
+// buffers (fusion, accumulation type, joined ranks) over the algorithms in
+// collectives.h.
+#include <cstring>
+
+#include "engine.h"
+#include "reduce.h"
+
+namespace kerasdist {
+
+Status Engine::RunResponse(const Response& resp, std::vector<Request*>& reqs) {
+  switch (resp.type) {
+    case OpType::kAllreduce: return RunAllreduce(resp, reqs);
+    case OpType::kAllgather: return RunAllgather(resp, reqs[0]);
+    case OpType::kBroadcast: return RunBroadcast(resp, reqs[0]);
+    default: return Status::OK();  // barrier: agreement is the whole job
+  }
+}
+
+Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
+  const DataType dtype = resp.dtype;
+  const size_t elem = DataTypeSize(dtype);
+  size_t total = 0;
+  for (int64_t c : resp.counts) total += static_cast<size_t>(c);
+  const int contributors = resp.contributors > 0 ? resp.contributors : size_;
+  // Averages of small integers are summed in a wider type, so that a mean
+  // that fits is exact (uint8 [200, 200] averages to 200, not 72); float16
+  // averages divide before summing, so that a mean that fits never
+  // overflows to inf. Sums keep the element type: they wrap (integers) or
+  // round at every step (floats) as numpy's arithmetic in that type does.
+  const DataType acc = AccumulationType(dtype, resp.reduce_op);
+  const size_t acc_elem = DataTypeSize(acc);
+  double prescale = resp.prescale;
+  ReduceOp finalize_op = resp.reduce_op;
+  if (dtype == DataType::kFloat16 && resp.reduce_op == ReduceOp::kAverage) {
+    prescale /= contributors;
+    finalize_op = ReduceOp::kSum;
+  }
+  const bool widen = acc != dtype;
+  const bool single = !widen && reqs.size() == 1 && reqs[0] != nullptr;
+  char* buf;
+  const int64_t t0 = NowMicros();
+  if (single) {
+    buf = static_cast<char*>(reqs[0]->output);
+    CopyScaled(buf, reqs[0]->input, total, dtype, prescale);
+  } else {
+    if (fusion_buffer_.size() < total * acc_elem) fusion_buffer_.resize(total * acc_elem);
+    buf = fusion_buffer_.data();
+    size_t off = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const size_t n = static_cast<size_t>(resp.counts[i]);
+      if (!reqs[i]) {
+        std::memset(buf + off, 0, n * acc_elem);  // a joined rank contributes zeros
+      } else if (widen) {
+        ConvertInteger(buf + off, acc, reqs[i]->input, dtype, n);
+        ScaleInPlace(buf + off, n, acc, prescale);
+      } else {
+        CopyScaled(buf + off, reqs[i]->input, n, dtype, prescale);
+      }
+      off += n * acc_elem;
+    }
+  }
+  const int64_t t1 = NowMicros();
+  RingTimes times;
+  Status s = RingAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
+                           config_.collective, &scratch_, &times);
+  if (!s.ok()) return s;
+  Finalize(buf, total, acc, finalize_op, contributors, resp.postscale);
+  const int64_t t2 = NowMicros();
+  if (!single) {
+    size_t off = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const size_t n = static_cast<size_t>(resp.counts[i]);
+      if (reqs[i] && widen) {
+        ConvertInteger(reqs[i]->output, dtype, buf + off, acc, n);
+      } else if (reqs[i]) {
+        std::memcpy(reqs[i]->output, buf + off, n * elem);
+      }
+      off += n * acc_elem;
+    }
+  }
+  if (timeline_.enabled()) {
+    const std::string names = JoinNames(reqs);
+    const int64_t t3 = NowMicros();
+    timeline_.Event(single ? "copy_in" : "memcpy_in_fusion_buffer", kRowCopies, t0, t1, names);
+    timeline_.Event("ring_reduce_scatter", kRowCollective, times.start,
+                    times.reduce_scatter_end, names);
+    timeline_.Event("ring_allgather", kRowCollective, times.reduce_scatter_end, times.end, names);
+    if (!single) timeline_.Event("memcpy_out_fusion_buffer", kRowCopies, t2, t3, names);
+  }
+  return Status::OK();
+}
+
+Status Engine::RunAllgather(const Response& resp, Request* req) {
+  const size_t row_bytes = static_cast<size_t>(resp.counts[0]) * DataTypeSize(resp.dtype);
+  std::vector<size_t> offsets(size_), bytes(size_);
+  int64_t rows = 0;
+  size_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    offsets[r] = total;
+    bytes[r] = static_cast<size_t>(resp.rank_dim0[r]) * row_bytes;
+    total += bytes[r];
+    rows += resp.rank_dim0[r];
+  }
+  char* out;
+  if (req) {
+    std::vector<int64_t> shape = req->meta.shape;
+    shape[0] = rows;
+    void* data = nullptr;
+    Status s = req->allocate(shape, &data);
+    if (!s.ok()) return s;
+    out = static_cast<char*>(data);
+    if (bytes[rank_]) std::memcpy(out + offsets[rank_], req->input, bytes[rank_]);
+  } else {
+    if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+    out = fusion_buffer_.data();
+  }
+  RingTimes times;
+  Status s = RingAllgather(transport_.get(), out, offsets, bytes, config_.collective,
+                           &scratch_, &times);
+  if (s.ok() && timeline_.enabled() && req)
+    timeline_.Event("ring_allgather", kRowCollective, times.start, times.end, req->name);
+  return s;
+}
+
+Status Engine::RunBroadcast(const Response& resp, Request* req) {
+  const size_t bytes = static_cast<size_t>(resp.counts[0]) * DataTypeSize(resp.dtype);
+  char* buf;
+  if (req) {
+    buf = static_cast<char*>(req->output);
+    if (rank_ == resp.root && req->output != req->input && bytes)
+      std::memcpy(buf, req->input, bytes);
+  } else {
+    if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
+    buf = fusion_buffer_.data();
+  }
+  const int64_t t0 = NowMicros();
+  Status s = ChainBroadcast(transport_.get(), buf, bytes, resp.root, config_.collective,
+                            &scratch_);
+  if (s.ok() && timeline_.enabled() && req)
+    timeline_.Event("broadcast", kRowCollective, t0, NowMicros(), req->name);
+  return s;
+}
+
+}  // namespace kerasdist
