@@ -37,6 +37,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     ...     kerasdist.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
 
+    # kerasdist's fit guard: its batch hooks never set `stop_training`.
+    _kerasdist_never_stops = True
+
     def __init__(self, root_rank=0, device=""):
         super().__init__()
         del device

@@ -74,6 +74,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     >>> model.fit(dataset, epochs=40, callbacks=callbacks)
     """
 
+    # kerasdist's fit guard: its batch hooks never set `stop_training`.
+    _kerasdist_never_stops = True
+
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None,
                  staircase=True, momentum_correction=True, steps_per_epoch=None):
         super().__init__()

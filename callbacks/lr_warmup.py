@@ -57,6 +57,9 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     >>> model.fit(dataset, epochs=10, callbacks=[warmup])
     """
 
+    # kerasdist's fit guard: its batch hooks never set `stop_training`.
+    _kerasdist_never_stops = True
+
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
                  steps_per_epoch=None, verbose=0):
         if (isinstance(warmup_epochs, bool)

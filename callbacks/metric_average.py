@@ -62,6 +62,9 @@ class MetricAverageCallback(keras.callbacks.Callback):
     >>> model.fit(x, y, validation_data=(vx, vy), callbacks=callbacks)
     """
 
+    # kerasdist's fit guard: its batch hooks never set `stop_training`.
+    _kerasdist_never_stops = True
+
     def __init__(self, weighted=False):
         super().__init__()
         if not isinstance(weighted, bool):

@@ -4,7 +4,7 @@ import tensorflow as tf
 
 import keras
 
-from kerasdist import ops
+from kerasdist import _fit_guard, ops
 
 
 class SyncStopTrainingCallback(keras.callbacks.Callback):
@@ -14,18 +14,23 @@ class SyncStopTrainingCallback(keras.callbacks.Callback):
     `model.stop_training = True`, and they may do so on one rank only (for
     example a NaN loss on one shard, or a callback that runs on rank 0
     only). A rank that stops alone leaves the others waiting in the next
-    gradient allreduce. After every training batch and at the end of every
-    epoch this callback takes the maximum of the ranks' `stop_training`
-    flags with an allreduce and sets `model.stop_training` to it, so all
-    ranks stop after the same batch or epoch.
+    gradient allreduce.
 
-    It must come **last** in the callbacks list, after every callback that
-    may set `stop_training`: Keras calls callbacks in list order, and a flag
-    set after this callback has run would be seen by one rank only. Every
-    rank must run the same number of batches per epoch. The per-batch check
-    costs one small allreduce per step. If the ranks' batches do not line
-    up, the flags' allreduces cannot be matched and the engine's stall check
-    reports them.
+    **A model compiled with `kerasdist.DistributedOptimizer` does not need
+    this callback**: its `fit` already agrees on `stop_training` after the
+    last callback, at every batch end (when some rank has a callback that may
+    stop there) and every epoch end. Inside such a `fit` this callback does
+    nothing. It remains for models whose gradients are reduced another way.
+
+    After every training batch and at the end of every epoch it takes the
+    maximum of the ranks' `stop_training` flags with an allreduce and sets
+    `model.stop_training` to it, so all ranks stop after the same batch or
+    epoch. It must come **last** in the callbacks list, after every callback
+    that may set `stop_training`: Keras calls callbacks in list order, and a
+    flag set after this callback has run would be seen by one rank only.
+    Every rank must run the same number of batches per epoch. The per-batch
+    check costs one small allreduce per step (always under the same two
+    collective names).
 
     Example:
 
@@ -38,20 +43,18 @@ class SyncStopTrainingCallback(keras.callbacks.Callback):
     >>> model.fit(x, y, validation_data=(vx, vy), callbacks=callbacks)
     """
 
-    def __init__(self):
-        super().__init__()
-        self._epoch = 0
+    # It only propagates a value the ranks agreed on.
+    _kerasdist_never_stops = True
 
     def _sync(self, name):
+        if id(self.model) in _fit_guard.ACTIVE:
+            return  # the distributed optimizer's fit agrees already
         flag = tf.constant(1 if self.model.stop_training else 0, tf.int32)
         stop = int(ops.allreduce(flag, op=ops.Max, name=name).numpy())
         self.model.stop_training = bool(stop)
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
     def on_train_batch_end(self, batch, logs=None):
-        self._sync(f"sync_stop_training.epoch{self._epoch}.batch{batch}")
+        self._sync("sync_stop_training.batch")
 
     def on_epoch_end(self, epoch, logs=None):
-        self._sync(f"sync_stop_training.epoch{epoch}.end")
+        self._sync("sync_stop_training.epoch")

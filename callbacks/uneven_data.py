@@ -35,6 +35,9 @@ class UnevenDataCallback(keras.callbacks.Callback):
     ...     kerasdist.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
 
+    # kerasdist's fit guard: its batch hooks never set `stop_training`.
+    _kerasdist_never_stops = True
+
     def __init__(self):
         super().__init__()
         self.join_each_epoch = False

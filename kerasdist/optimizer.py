@@ -9,7 +9,7 @@ gradient exists and communication overlaps backprop.
 
 import keras
 
-from kerasdist import ops
+from kerasdist import _fit_guard, ops
 from kerasdist.compression import Compression
 from kerasdist.runtime import check_initialized, context
 
@@ -93,6 +93,8 @@ def _distributed_class(base):
 
 
 def _make_distributed(optimizer, settings):
+    # `fit` of a model with this optimizer agrees on stops and step counts.
+    _fit_guard.install()
     optimizer.__class__ = _distributed_class(type(optimizer))
     optimizer.__dict__["_kerasdist_settings"] = settings
     return optimizer
