@@ -1,29 +1,126 @@
 """`ModelCheckpoint` that only rank 0 writes, atomically."""
 
 import os
+import stat
+import tempfile
 
 import keras
-import numpy as np
 
 from kerasdist.runtime import context
 
 
-def atomic_save(save_fn, filepath):
-    """Calls `save_fn(tmp_path)` and renames the result onto `filepath`.
+def _umask():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
-    The temporary file sits in the same directory with the same suffix (Keras
-    picks the format from it), so the rename is atomic: a process killed
-    during a save leaves the previous file intact.
+
+def _suffix(base):
+    # Keras picks the format from the whole suffix (`.weights.h5`, `.keras`).
+    if base.endswith(".weights.h5"):
+        return ".weights.h5"
+    return os.path.splitext(base)[1]
+
+
+def atomic_save(save_fn, filepath):
+    """Calls `save_fn(tmp_path)`, then renames the result onto `filepath`.
+
+    The temporary file is created by `tempfile.mkstemp` in the target's
+    directory, with an unpredictable name, exclusively (so nothing planted
+    at that path, such as a symlink, is ever written through), and with the
+    target's suffix (Keras picks the format from it). It gets the mode of a
+    normally created file (`0o666` minus the umask). After `save_fn` returns,
+    the path must still be that same regular file; then `os.replace` moves
+    it into place atomically (replacing a symlink at `filepath` itself, not
+    its target). A process killed during a save leaves the previous file
+    intact; on any error the temporary file is removed.
+
+    Args:
+        save_fn: Called with the temporary path; writes the file there, e.g.
+            `model.save` or `model.save_weights`.
+        filepath: The final path.
+
+    Raises:
+        OSError: If the temporary path stopped being the file created for
+            it (it was replaced, e.g. by a symlink), or the write failed.
     """
+    filepath = os.fspath(filepath)
     directory, base = os.path.split(os.path.abspath(filepath))
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{base}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=_suffix(base), dir=directory)
     try:
+        try:
+            os.fchmod(fd, 0o666 & ~_umask())
+            created = os.fstat(fd)
+        finally:
+            os.close(fd)
         save_fn(tmp)
+        now = os.lstat(tmp)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (
+                created.st_dev, created.st_ino):
+            raise OSError(
+                f"The temporary file {tmp} for {filepath} was replaced while "
+                "it was being written (it is no longer the regular file "
+                "created for the save). Nothing was moved into place; check "
+                f"who else writes to {directory}."
+            )
         os.replace(tmp, filepath)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    except BaseException:
+        try:
+            os.unlink(tmp)  # a symlink itself, never its target
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _compiled_metrics(model):
+    """The metric objects compiled into `model` (inside Keras' containers)."""
+    found = []
+    for metric in getattr(model, "metrics", None) or []:
+        inner = getattr(metric, "metrics", None)
+        if isinstance(inner, (list, tuple)):
+            found.extend(inner)
+    return found
+
+
+def monitor_mode(callback_name, monitor, model):
+    """Resolves `mode="auto"` the way Keras 3's monitoring callbacks do.
+
+    `loss` (or `val_loss`) is minimized; otherwise the compiled metric whose
+    name is `monitor` without its `val_` prefix decides, by the direction
+    each Keras metric declares (accuracy, AUC, precision... go up; errors go
+    down). The name of the metric plays no part.
+
+    Returns:
+        `"min"` or `"max"`.
+
+    Raises:
+        ValueError: If no compiled metric of that name declares a direction.
+    """
+    name = monitor[4:] if monitor.startswith("val_") else monitor
+    mode = "min" if name == "loss" else None
+    for metric in _compiled_metrics(model):
+        # Keras 3 metrics carry their direction as `_direction`, "up" or
+        # "down"; it is what keras.callbacks.ModelCheckpoint reads too.
+        direction = getattr(metric, "_direction", None)
+        if getattr(metric, "name", None) == name and direction is not None:
+            mode = "max" if direction == "up" else "min"
+    if mode is None:
+        raise ValueError(
+            f"{callback_name} cannot tell whether `{monitor}` should be "
+            "maximized or minimized: no compiled metric of that name declares "
+            "a direction. Pass `mode='max'` to keep the highest value or "
+            f"`mode='min'` to keep the lowest. Received: monitor={monitor!r}, "
+            "mode='auto'"
+        )
+    return mode
 
 
 class ModelCheckpoint(keras.callbacks.Callback):
@@ -43,15 +140,23 @@ class ModelCheckpoint(keras.callbacks.Callback):
         verbose: 1 prints a line when rank 0 saves. Defaults to 0.
         save_best_only: Save only when `monitor` improves. Defaults to False.
         save_weights_only: Save weights only. Defaults to False.
-        mode: `"auto"`, `"min"` or `"max"`. Defaults to `"auto"`.
+        mode: `"auto"`, `"min"` or `"max"`. With `"auto"`, as in Keras 3,
+            `loss` is minimized and a compiled metric's own direction decides
+            otherwise (whatever its name); resolved at the first
+            `save_best_only` decision, which raises a `ValueError` if no
+            compiled metric of that name declares a direction. Defaults to
+            `"auto"`.
         save_freq: `"epoch"` or an integer number of batches. Defaults to
             `"epoch"`.
         initial_value_threshold: Initial best value for `save_best_only`.
-            Defaults to `None`.
+            Defaults to `None` (the first value counts as an improvement).
 
     Raises:
         ValueError: For a bad suffix, `mode` or `save_freq`.
     """
+
+    # kerasdist's fit guard: its batch hooks never set `stop_training`.
+    _kerasdist_never_stops = True
 
     def __init__(self, filepath, monitor="val_loss", verbose=0,
                  save_best_only=False, save_weights_only=False, mode="auto",
@@ -75,8 +180,6 @@ class ModelCheckpoint(keras.callbacks.Callback):
                 "Invalid value for argument `save_freq`. Expected 'epoch' or a "
                 f"positive integer. Received: save_freq={save_freq!r}"
             )
-        if mode == "auto":
-            mode = "max" if ("acc" in monitor or monitor.startswith("fmeasure")) else "min"
         self.filepath = filepath
         self.monitor = monitor
         self.verbose = verbose
@@ -84,9 +187,8 @@ class ModelCheckpoint(keras.callbacks.Callback):
         self.save_weights_only = save_weights_only
         self.save_freq = save_freq
         self.mode = mode
+        self._direction = None if mode == "auto" else mode
         self.best = initial_value_threshold
-        if self.best is None:
-            self.best = -np.inf if mode == "max" else np.inf
         self._batches_seen = 0
         self._epoch = 0
 
@@ -104,7 +206,11 @@ class ModelCheckpoint(keras.callbacks.Callback):
             self._maybe_save(epoch, None, logs)
 
     def _improved(self, current):
-        return current > self.best if self.mode == "max" else current < self.best
+        if self._direction is None:
+            self._direction = monitor_mode("ModelCheckpoint", self.monitor, self.model)
+        if self.best is None:
+            return True
+        return current > self.best if self._direction == "max" else current < self.best
 
     def _maybe_save(self, epoch, batch, logs):
         logs = dict(logs or {})
