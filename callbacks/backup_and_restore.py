@@ -20,6 +20,11 @@ class BackupAndRestore(keras.callbacks.Callback):
     with identical weights and optimizer state. Non-root ranks never touch
     `backup_dir`; it only has to be visible to rank 0.
 
+    Rank 0 tells the other ranks whether each read or write worked before
+    anything else happens, so a failure (an unreadable or corrupt backup, one
+    from a different model, a full disk) is the same clear error on every
+    rank instead of an error on rank 0 and a hang elsewhere.
+
     Args:
         backup_dir: Directory for the backup.
         save_freq: `"epoch"` or an integer number of batches. Defaults to
@@ -27,11 +32,19 @@ class BackupAndRestore(keras.callbacks.Callback):
         delete_checkpoint: Delete the backup when training finishes.
             Defaults to True.
 
+    Raises:
+        ValueError: At `on_train_begin`, on every rank, if the backup cannot
+            be read or does not match the model and optimizer.
+        OSError: On every rank, if rank 0 cannot write the backup.
+
     Example:
 
     >>> model.fit(x, y, epochs=10, callbacks=[
     ...     kerasdist.callbacks.BackupAndRestore("/tmp/backup")])
     """
+
+    # kerasdist's fit guard: its batch hooks never set `stop_training`.
+    _kerasdist_never_stops = True
 
     def __init__(self, backup_dir, save_freq="epoch", delete_checkpoint=True):
         super().__init__()
@@ -54,23 +67,57 @@ class BackupAndRestore(keras.callbacks.Callback):
             opt.build(self.model.trainable_variables)
         return list(self.model.variables) + list(opt.variables)
 
+    def _read(self, variables):
+        """Rank 0: the backup's epoch and arrays, checked against `variables`.
+
+        Returns `None` when there is no backup.
+        """
+        if not os.path.lexists(self.path):
+            return None
+        with np.load(self.path, allow_pickle=False) as state:
+            files = set(state.files)
+            expected = {"epoch"} | {f"v{i}" for i in range(len(variables))}
+            if files != expected:
+                raise ValueError(
+                    f"it holds {len(files - {'epoch'})} variables (and "
+                    f"{'an' if 'epoch' in files else 'no'} epoch), but the "
+                    f"model and optimizer have {len(variables)}"
+                )
+            epoch = int(state["epoch"])
+            arrays = [state[f"v{i}"] for i in range(len(variables))]
+        for i, (v, a) in enumerate(zip(variables, arrays)):
+            if tuple(a.shape) != tuple(v.shape):
+                raise ValueError(
+                    f"variable {i} ({v.path}) has shape {tuple(v.shape)} but "
+                    f"the backup holds shape {tuple(a.shape)}"
+                )
+        return epoch, arrays
+
     def on_train_begin(self, logs=None):
         variables = self._variables()
-        epoch = None
-        if context.rank == 0 and os.path.exists(self.path):
-            with np.load(self.path) as state:
-                epoch = int(state["epoch"])
-                if len(state.files) - 1 != len(variables):
-                    raise ValueError(
-                        f"The backup {self.path} holds {len(state.files) - 1} "
-                        f"variables but the model and optimizer have "
-                        f"{len(variables)}. Delete the backup or restore the "
-                        "same model."
-                    )
-                for i, v in enumerate(variables):
-                    v.assign(state[f"v{i}"])
-        epoch = broadcast_object(epoch, root_rank=0, name="backup_and_restore.epoch")
+        restored = status = None
+        if context.rank == 0:
+            try:
+                restored = self._read(variables)
+                status = ("ok", None if restored is None else restored[0])
+            except Exception as e:  # any failure must reach every rank
+                status = ("error", f"{type(e).__name__}: {e}")
+        # Agree on the outcome first, so that an error is raised on every
+        # rank (and no rank waits in a broadcast that rank 0 never reaches).
+        status = broadcast_object(status, root_rank=0, name="backup_and_restore.status")
+        if status[0] == "error":
+            raise ValueError(
+                f"BackupAndRestore could not restore from {self.path} (read "
+                f"on rank 0): {status[1].rstrip('.')}. The backup is unreadable, "
+                "corrupt, or from a different model. Delete it to start from "
+                "scratch, or resume with the same model, optimizer and "
+                "`backup_dir`."
+            )
+        epoch = status[1]
         if epoch is not None:
+            if context.rank == 0:
+                for v, a in zip(variables, restored[1]):
+                    v.assign(a)
             broadcast_variables(variables, 0, name="backup_and_restore.state")
             # Keras' fit loop starts from this attribute (it is how Keras'
             # own BackupAndRestore resumes).
@@ -79,16 +126,28 @@ class BackupAndRestore(keras.callbacks.Callback):
                 print(f"[kerasdist] BackupAndRestore: resuming at epoch {epoch + 1}")
 
     def _backup(self, next_epoch):
-        if context.rank != 0:
-            return
-        arrays = {f"v{i}": np.asarray(v.numpy()) for i, v in enumerate(self._variables())}
-        arrays["epoch"] = np.asarray(next_epoch)
+        error = None
+        if context.rank == 0:
+            try:
+                arrays = {f"v{i}": np.asarray(v.numpy())
+                          for i, v in enumerate(self._variables())}
+                arrays["epoch"] = np.asarray(next_epoch)
 
-        def write(tmp):
-            with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
+                def write(tmp):
+                    with open(tmp, "wb") as f:
+                        np.savez(f, **arrays)
 
-        atomic_save(write, self.path)
+                atomic_save(write, self.path)
+            except Exception as e:  # any failure must reach every rank
+                error = f"{type(e).__name__}: {e}"
+        if context.size > 1:
+            error = broadcast_object(error, root_rank=0, name="backup_and_restore.saved")
+        if error is not None:
+            raise OSError(
+                f"BackupAndRestore could not write the backup {self.path} "
+                f"(on rank 0): {error.rstrip('.')}. Check that `backup_dir` is "
+                "writable and has free space."
+            )
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch

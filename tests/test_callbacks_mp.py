@@ -19,3 +19,10 @@ def test_warmup_learning_rates_follow_the_formula():
 def test_stop_on_one_rank_stops_every_rank_at_the_same_point():
     out = run_mpi("cb_stop.py", 2, timeout=180).stdout
     assert out.count("stop sync ok") == 2 and out.count("OK") == 2
+
+
+def test_backup_and_restore_errors_reach_every_rank(tmp_path):
+    out = run_mpi("cb_backup_errors.py", 2, timeout=240, args=[tmp_path]).stdout
+    for case in ("garbage", "truncated", "unreadable", "other-model", "write"):
+        assert out.count(f"{case}: the same error on every rank") == 2, out[-4000:]
+    assert out.count("backup errors ok") == 2
