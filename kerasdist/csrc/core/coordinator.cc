@@ -319,6 +319,11 @@ bool Coordinator::InspectDeadlock(int64_t now_us, ResponseList* out) {
 
 ResponseList Coordinator::Plan(int64_t now_us) {
   ResponseList out;
+  if (abort_message_.empty() && names_.size() + pending_.size() >= kMaxTensorId - 65536) {
+    abort_message_ = "more than " + std::to_string(kMaxTensorId - 65536) +
+                     " distinct collective names: give collectives that repeat (per "
+                     "step or per batch) the same name, or no name at all";
+  }
   if (!abort_message_.empty()) {
     out.abort = true;
     out.message = abort_message_;

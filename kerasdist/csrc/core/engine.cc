@@ -340,6 +340,17 @@ void Engine::FailAll(const Status& status) {
   cv_.notify_all();
 }
 
+bool Engine::ResponseFits(const Response& resp) const {
+  for (int32_t id : resp.ids)
+    if (static_cast<size_t>(id) >= id_names_.size() || id_names_[id].empty()) return false;
+  if (!resp.error.empty()) return true;  // nothing runs, the requests fail
+  if (resp.type == OpType::kAllgather)
+    return resp.rank_dim0.size() == static_cast<size_t>(size_) && resp.ids.size() == 1;
+  if (resp.type == OpType::kBroadcast)
+    return resp.ids.size() == 1 && resp.root >= 0 && resp.root < size_;
+  return true;
+}
+
 bool Engine::Execute(const ResponseList& list, Status* exit_status) {
   for (const auto& p : list.new_ids) {
     if (static_cast<size_t>(p.first) >= id_names_.size()) id_names_.resize(p.first + 1);
@@ -357,6 +368,12 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
       }
       joined_ = false;
       continue;
+    }
+    if (!ResponseFits(resp)) {
+      *exit_status = Status(StatusCode::kAborted,
+                            Prefix() + "corrupt response from rank 0 (unknown tensor id or "
+                                       "wrong per-rank sizes); stopping");
+      return false;
     }
     for (int32_t id : resp.ids) {
       auto it = inflight_.find(id_names_[id]);

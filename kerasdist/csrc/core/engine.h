@@ -87,6 +87,7 @@ class Engine {
   void EnqueueMany(Request* requests, size_t n);  // moves from requests
   void TakeNewRequests(RequestList* mine, bool* progressed);
   bool Execute(const ResponseList& list, Status* exit_status);
+  bool ResponseFits(const Response& resp) const;
   Status RunResponse(const Response& resp, std::vector<Request*>& reqs);
   Status RunAllreduce(const Response& resp, std::vector<Request*>& reqs);
   Status RunAllgather(const Response& resp, Request* req);

@@ -82,11 +82,45 @@ class Reader {
            GetVector(&m->shape);
   }
   bool done() const { return p_ == end_; }
+  // Whether `n` items of at least `min_bytes` each can still follow: checked
+  // before any container is sized from a count read off the wire.
+  bool CanHold(uint32_t n, size_t min_bytes) const {
+    return static_cast<size_t>(end_ - p_) / min_bytes >= n;
+  }
 
  private:
   const char* p_;
   const char* end_;
 };
+
+// Enum values and counts as the decoder accepts them; anything else is a
+// corrupt message, never undefined behaviour further on.
+bool ValidMeta(const TensorMeta& m) {
+  if (static_cast<uint32_t>(m.type) > static_cast<uint32_t>(OpType::kJoin) ||
+      static_cast<uint32_t>(m.dtype) > static_cast<uint32_t>(DataType::kInt8) ||
+      static_cast<uint32_t>(m.reduce_op) > static_cast<uint32_t>(ReduceOp::kProduct))
+    return false;
+  for (int64_t d : m.shape)
+    if (d < 0) return false;
+  return true;
+}
+
+bool ValidResponse(const Response& r) {
+  TensorMeta m;
+  m.type = r.type;
+  m.dtype = r.dtype;
+  m.reduce_op = r.reduce_op;
+  if (!ValidMeta(m) || r.ids.size() != r.counts.size()) return false;
+  if (r.type == OpType::kJoin) return true;
+  if (r.ids.empty()) return false;
+  for (int32_t id : r.ids)
+    if (id < 0 || id >= kMaxTensorId) return false;
+  for (int64_t c : r.counts)
+    if (c < 0) return false;
+  for (int64_t d : r.rank_dim0)
+    if (d < 0) return false;
+  return true;
+}
 
 constexpr uint32_t kRequestMagic = 0x4b445251;   // "KDRQ"
 constexpr uint32_t kResponseMagic = 0x4b445253;  // "KDRS"
@@ -115,10 +149,13 @@ bool Parse(const std::string& bytes, RequestList* list) {
   if (!r.Get(&magic) || magic != kRequestMagic || !r.Get(&shutdown) || !r.Get(&n))
     return false;
   list->shutdown = shutdown != 0;
+  if (!r.CanHold(n, sizeof(int32_t))) return false;
   list->entries.resize(n);
   for (auto& e : list->entries) {
     if (!r.Get(&e.id)) return false;
-    if (e.id < 0 && !(r.GetString(&e.name) && r.GetMeta(&e.meta))) return false;
+    if (e.id >= kMaxTensorId) return false;
+    if (e.id < 0 && !(r.GetString(&e.name) && r.GetMeta(&e.meta) && ValidMeta(e.meta)))
+      return false;
   }
   return r.done();
 }
@@ -153,17 +190,20 @@ bool Parse(const std::string& bytes, ResponseList* list) {
     return false;
   list->shutdown = shutdown != 0;
   list->abort = abort != 0;
+  if (!r.CanHold(n, sizeof(int32_t) + sizeof(uint32_t))) return false;
   list->new_ids.resize(n);
   for (auto& p : list->new_ids)
-    if (!r.Get(&p.first) || !r.GetString(&p.second)) return false;
-  if (!r.Get(&n)) return false;
+    if (!r.Get(&p.first) || !r.GetString(&p.second) || p.first < 0 ||
+        p.first >= kMaxTensorId)
+      return false;
+  if (!r.Get(&n) || !r.CanHold(n, 40)) return false;  // a response is >= 40 bytes
   list->responses.resize(n);
   for (auto& resp : list->responses) {
     if (!(r.Get(&resp.type) && r.GetVector(&resp.ids) && r.Get(&resp.dtype) &&
           r.Get(&resp.reduce_op) && r.Get(&resp.root) && r.Get(&resp.prescale) &&
           r.Get(&resp.postscale) && r.GetVector(&resp.rank_dim0) &&
           r.GetVector(&resp.counts) && r.Get(&resp.contributors) &&
-          r.GetString(&resp.error)))
+          r.GetString(&resp.error) && ValidResponse(resp)))
       return false;
   }
   return r.done();

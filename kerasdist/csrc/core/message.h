@@ -70,7 +70,14 @@ struct ResponseList {
   }
 };
 
+// Tensor ids are dense indices below this bound (the coordinator reuses the
+// ids of unnamed tensors), so a decoded id can index a table safely.
+constexpr int32_t kMaxTensorId = 1 << 24;
+
 std::string Serialize(const RequestList& list);
+// Parse() returns false for anything that is not a well-formed message:
+// truncated, trailing bytes, counts larger than the bytes that follow,
+// enum values out of range, negative ids, counts or dimensions.
 std::string Serialize(const ResponseList& list);
 bool Parse(const std::string& bytes, RequestList* list);
 bool Parse(const std::string& bytes, ResponseList* list);

@@ -2,7 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <random>
 
 #include <algorithm>
 #include <atomic>
@@ -54,17 +60,49 @@ size_t FragmentBytes(size_t bytes, uint64_t k) {
   return std::min(kSlotBytes, bytes - off);
 }
 
+// 64 random bits for segment names and tokens, so that neither can be
+// guessed by another user of /dev/shm.
+uint64_t RandomBits() {
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
+    std::random_device rd;
+    v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(NowMicros());
+  }
+  return v;
+}
+
 std::unique_ptr<ShmTransport::Segment> MapSegment(const std::string& name,
-                                                  bool create) {
+                                                  bool create, std::string* why) {
   const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
-                        : shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return nullptr;
-  if (create && ftruncate(fd, kSegmentBytes) != 0) {
-    close(fd);
-    shm_unlink(name.c_str());
+                        : shm_open(name.c_str(), O_RDWR | O_NOFOLLOW, 0);
+  if (fd < 0) {
+    *why = std::string("shm_open failed: ") + std::strerror(errno);
     return nullptr;
   }
-  void* addr = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  bool ok = true;
+  if (create) {
+    // Reserve the pages now: with /dev/shm full, a lazily backed segment
+    // would end in SIGBUS in the middle of training instead.
+    const int rc = ftruncate(fd, kSegmentBytes) == 0
+                       ? posix_fallocate(fd, 0, kSegmentBytes)
+                       : errno;
+    if (rc != 0) {
+      *why = std::string("cannot reserve ") + std::to_string(kSegmentBytes) +
+             " bytes in /dev/shm: " + std::strerror(rc);
+      ok = false;
+    }
+  } else {
+    // Only a segment of our own user, private to it, of the expected size.
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077) != 0 ||
+        static_cast<size_t>(st.st_size) != kSegmentBytes) {
+      *why = "segment " + name + " has the wrong owner, mode or size";
+      ok = false;
+    }
+  }
+  void* addr = ok ? mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+  if (ok && addr == MAP_FAILED) *why = std::string("mmap failed: ") + std::strerror(errno);
   close(fd);
   if (addr == MAP_FAILED) {
     if (create) shm_unlink(name.c_str());
@@ -159,19 +197,24 @@ Status ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool enabled,
   // The exchange below is collective, so a rank with shared memory disabled
   // still takes part; it just offers and maps no segment, and its links fall
   // back to MPI on both ends.
-  static std::atomic<int> generation{0};
   std::unique_ptr<ShmTransport> t(new ShmTransport(std::move(mpi)));
   const int n = t->size();
 
   // 1. Create the outgoing segment and tell everyone its name and token.
   SetupRecord mine{};
-  const std::string name = "/kerasdist-" + std::to_string(getpid()) + "-" +
-                           std::to_string(generation++) + "-" +
-                           std::to_string(t->rank());
-  auto outgoing = enabled ? MapSegment(name, /*create=*/true) : nullptr;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(RandomBits()));
+  const std::string name = std::string("/kerasdist-") + hex;
+  std::string why;
+  auto outgoing = enabled ? MapSegment(name, /*create=*/true, &why) : nullptr;
+  if (enabled && !outgoing) {
+    std::fprintf(stderr,
+                 "[kerasdist] WARNING: rank %d: no shared-memory segment (%s); the link to "
+                 "rank %d uses MPI instead.\n",
+                 t->rank(), why.c_str(), t->right_);
+  }
   if (outgoing) {
-    mine.token = (static_cast<uint64_t>(getpid()) << 32) ^
-                 static_cast<uint64_t>(NowMicros());
+    mine.token = RandomBits();
     auto* h = new (outgoing->addr) ChannelHeader();
     h->magic = kMagic;
     h->token = mine.token;
@@ -192,7 +235,7 @@ Status ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool enabled,
   std::unique_ptr<Segment> in;
   if (enabled && lrec.name[0]) {
     in = MapSegment(std::string(lrec.name, strnlen(lrec.name, sizeof(lrec.name))),
-                    /*create=*/false);
+                    /*create=*/false, &why);
     if (in && (Header(in.get())->magic != kMagic ||
                Header(in.get())->token != lrec.token)) {
       in.reset();
@@ -205,7 +248,13 @@ Status ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool enabled,
   std::vector<int32_t> mapped_all(n);
   s = t->mpi_->Allgather(&mapped, sizeof(mapped), mapped_all.data(), timeout_ms);
   if (outgoing) shm_unlink(name.c_str());
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    // A rank that died between the two exchanges left its segment behind:
+    // remove every name we heard of (unlinking a removed name is harmless).
+    for (const SetupRecord& rec : all)
+      if (rec.name[0]) shm_unlink(std::string(rec.name, strnlen(rec.name, sizeof(rec.name))).c_str());
+    return s;
+  }
   if (outgoing && mapped_all[t->right_]) t->out_ = std::move(outgoing);
   t->in_ = std::move(in);
   if (!t->out_ && !t->in_) {
