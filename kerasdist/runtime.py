@@ -27,6 +27,7 @@ class Context:
         self.local_rank = self.local_size = None
         self.cross_rank = self.cross_size = None
         self.homogeneous = None
+        self.hierarchical = None
         self.config = None
         self.name_counters = {}
         self.atexit_registered = False
@@ -77,6 +78,7 @@ def read_config():
         ),
         "segment_bytes": _env_number("KERASDIST_SEGMENT_BYTES", 256 * 1024, int, 1),
         "shared_memory": _env_flag("KERASDIST_SHM", True),
+        "hierarchical": _env_choice("KERASDIST_HIERARCHICAL_ALLREDUCE"),
         "timeline": os.environ.get("KERASDIST_TIMELINE", ""),
     }
 
@@ -93,6 +95,20 @@ def _env_flag(name, default):
         f"Invalid value for environment variable {name}. Expected 1 or 0 "
         f"(true/false). Received: {name}={os.environ[name]!r}"
     )
+
+
+def _env_choice(name):
+    """`auto` (or unset) -> -1, a true flag -> 1, a false flag -> 0."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "auto"):
+        return -1
+    try:
+        return int(_env_flag(name, False))
+    except ValueError:
+        raise ValueError(
+            f"Invalid value for environment variable {name}. Expected auto, 1 "
+            f"or 0. Received: {name}={os.environ[name]!r}"
+        ) from None
 
 
 def _resolve_comm(comm):
@@ -187,6 +203,7 @@ def init(comm=None):
         config["timeline"].encode(),
         _package_version().encode(),
         int(config["deadlock_s"] * 1e6),
+        config["hierarchical"],
         err,
         len(err),
     )
@@ -197,10 +214,11 @@ def init(comm=None):
     # The engine learned the topology in its bounded setup exchange (ranks
     # on one host share a host name), so no blocking MPI collective runs
     # here, while the engine thread already uses MPI.
-    topo = (ctypes.c_int * 5)()
+    topo = (ctypes.c_int * 6)()
     ctx.lib.kerasdist_topology(topo)
     ctx.local_rank, ctx.local_size, ctx.cross_rank, ctx.cross_size = topo[:4]
     ctx.homogeneous = bool(topo[4])
+    ctx.hierarchical = bool(topo[5])
     ctx.config = config
     ctx.name_counters = {}
     ctx.initialized = True
@@ -288,12 +306,17 @@ def transport_info():
     Returns:
         A string naming the MPI library and, when ring links on this host
         use shared memory (`KERASDIST_SHM`), which ones, e.g.
-        `"mpi(MPICH Version: 5.0.2); shared memory to rank 1, from rank 1"`.
+        `"mpi(MPICH Version: 5.0.2); shared memory to rank 1, from rank 1"`,
+        followed by `"; hierarchical allreduce"` when allreduces reduce
+        within each host first (`KERASDIST_HIERARCHICAL_ALLREDUCE`).
     """
     check_initialized()
     buf = ctypes.create_string_buffer(1024)
     context.lib.kerasdist_transport_name(buf, len(buf))
-    return buf.value.decode()
+    info = buf.value.decode()
+    if context.hierarchical:
+        info += "; hierarchical allreduce"
+    return info
 
 
 def build_info():

@@ -48,6 +48,17 @@ Status RingAllreduce(Transport* transport, void* buf, size_t count,
                      const CollectiveOptions& options,
                      std::vector<char>* scratch, RingTimes* times);
 
+// One or both phases of RingAllreduce. After the reduce-scatter alone, rank
+// r holds the fully reduced chunk RingOwnedChunk(r, n), whose place in the
+// buffer RingChunk() gives; the allgather alone circulates those chunks.
+Status RingAllreducePhases(Transport* transport, void* buf, size_t count,
+                           DataType dtype, ReduceOp op,
+                           const CollectiveOptions& options,
+                           std::vector<char>* scratch, RingTimes* times,
+                           bool reduce_scatter, bool allgather);
+int RingOwnedChunk(int rank, int size);
+void RingChunk(size_t count, int size, int chunk, size_t* offset, size_t* elems);
+
 // In-place ring allgather of per-rank blocks of different sizes. On entry,
 // rank r's block lies at byte offset block_offsets[r] of `buf`; on return all
 // blocks are filled. All ranks pass the same block sizes.

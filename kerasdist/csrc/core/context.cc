@@ -16,6 +16,7 @@ Status Context::Create(MPI_Comm comm, const EngineConfig& config,
   wire.segment_bytes = static_cast<int64_t>(config.collective.segment_bytes);
   wire.fusion_threshold = config.coordinator.fusion_threshold_bytes;
   wire.cycle_time_us = config.coordinator.cycle_time_us;
+  wire.hierarchical = config.hierarchical;
   Topology topology;
   s = ExchangeSetup(mpi.get(), wire, init_timeout_ms, &topology);
   if (!s.ok()) return s;

@@ -37,6 +37,17 @@ Engine::Engine(std::unique_ptr<Transport> transport, const EngineConfig& config,
       rank_(transport_->rank()),
       size_(transport_->size()) {
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, config_.coordinator);
+  // Every rank decides from the same topology and setting (both agreed at
+  // init), so all take the same algorithm.
+  if (config_.hierarchical != 0 && HierarchyUseful(topology_)) {
+    local_ = std::make_unique<GroupTransport>(transport_.get(), topology_.local_ranks);
+    cross_ = std::make_unique<GroupTransport>(transport_.get(), CrossRanks(topology_));
+  } else if (config_.hierarchical == 1 && rank_ == 0) {
+    std::fprintf(stderr,
+                 "[kerasdist] WARNING: KERASDIST_HIERARCHICAL_ALLREDUCE=1, but the ranks do not "
+                 "form several hosts with the same number of ranks each; using the flat "
+                 "ring.\n");
+  }
   if (rank_ == 0 && !config_.timeline_path.empty()) {
     if (!timeline_.Open(config_.timeline_path, rank_)) {
       std::fprintf(stderr, "[kerasdist] WARNING: cannot open timeline file '%s'\n",

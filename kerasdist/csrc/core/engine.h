@@ -21,6 +21,7 @@
 
 #include "collectives.h"
 #include "coordinator.h"
+#include "hierarchical.h"
 #include "message.h"
 #include "setup_exchange.h"
 #include "timeline.h"
@@ -34,6 +35,10 @@ struct EngineConfig {
   std::string timeline_path;  // empty: no timeline (only rank 0 writes one)
   bool shared_memory = true;  // ring links within a host over /dev/shm
   std::string version;        // the package version, agreed at init()
+  // Allreduce algorithm across hosts: -1 chooses by topology (hierarchical
+  // when several hosts each run several ranks), 0 the flat ring, 1
+  // hierarchical where the topology allows it.
+  int hierarchical = -1;
 };
 
 // Allocates the output once its shape is known (allgather), on the engine
@@ -75,6 +80,7 @@ class Engine {
   // True once the engine has stopped for any reason but a normal shutdown.
   bool Failed();
   int rank() const { return rank_; }
+  bool hierarchical() const { return local_ != nullptr; }
   int size() const { return size_; }
 
  private:
@@ -118,6 +124,7 @@ class Engine {
   std::unordered_map<std::string, std::pair<int32_t, TensorMeta>> cache_;
   std::vector<std::string> id_names_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<GroupTransport> local_, cross_;  // set: hierarchical allreduce
   std::vector<char> fusion_buffer_;
   std::vector<char> scratch_;
   std::vector<std::pair<std::shared_ptr<std::string>, std::unique_ptr<Transfer>>>

@@ -62,8 +62,11 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
   }
   const int64_t t1 = NowMicros();
   RingTimes times;
-  Status s = RingAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
-                           config_.collective, &scratch_, &times);
+  Status s = local_ ? HierarchicalAllreduce(local_.get(), cross_.get(), buf, total, acc,
+                                            resp.reduce_op, config_.collective, &scratch_,
+                                            &times)
+                   : RingAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
+                                   config_.collective, &scratch_, &times);
   if (!s.ok()) return s;
   Finalize(buf, total, acc, finalize_op, contributors, resp.postscale);
   const int64_t t2 = NowMicros();

@@ -7,15 +7,31 @@
 // steps it holds the fully reduced chunk (r + 1). The allgather then
 // circulates the reduced chunks for another N-1 steps. Each rank sends
 // 2(N-1)/N * S bytes in total, which is bandwidth-optimal.
+#include <algorithm>
+
 #include "collectives.h"
 #include "ring_pass.h"
 
 namespace kerasdist {
 
-Status RingAllreduce(Transport* transport, void* buf, size_t count,
-                     DataType dtype, ReduceOp op,
-                     const CollectiveOptions& options,
-                     std::vector<char>* scratch, RingTimes* times) {
+namespace {
+
+// Chunk c of `count` elements split n ways: [offset, offset + elems).
+void ChunkOf(size_t count, int n, int c, size_t* offset, size_t* elems) {
+  const size_t q = count / n, rem = count % n;
+  *offset = c * q + std::min<size_t>(c, rem);
+  *elems = q + (static_cast<size_t>(c) < rem ? 1 : 0);
+}
+
+}  // namespace
+
+int RingOwnedChunk(int rank, int size) { return (rank + 1) % size; }
+
+Status RingAllreducePhases(Transport* transport, void* buf, size_t count,
+                           DataType dtype, ReduceOp op,
+                           const CollectiveOptions& options,
+                           std::vector<char>* scratch, RingTimes* times,
+                           bool reduce_scatter, bool allgather) {
   const int n = transport->size();
   const int r = transport->rank();
   if (times) times->start = NowMicros();
@@ -26,30 +42,42 @@ Status RingAllreduce(Transport* transport, void* buf, size_t count,
   const size_t elem = DataTypeSize(dtype);
   RingLayout layout;
   layout.element_bytes = elem;
-  const size_t q = count / n, rem = count % n;
-  size_t offset = 0;
   for (int c = 0; c < n; ++c) {
-    const size_t elems = q + (static_cast<size_t>(c) < rem ? 1 : 0);
-    layout.chunk_offset.push_back(offset);
+    size_t off, elems;
+    ChunkOf(count, n, c, &off, &elems);
+    layout.chunk_offset.push_back(off * elem);
     layout.chunk_bytes.push_back(elems * elem);
-    offset += elems * elem;
   }
   std::vector<RingStep> steps;
-  for (int t = 0; t < n - 1; ++t) {  // reduce-scatter
-    steps.push_back({(r - t + 2 * n) % n, (r - t - 1 + 2 * n) % n, true});
+  if (reduce_scatter) {
+    for (int t = 0; t < n - 1; ++t)
+      steps.push_back({(r - t + 2 * n) % n, (r - t - 1 + 2 * n) % n, true});
   }
-  const int owned = (r + 1) % n;
-  for (int t = 0; t < n - 1; ++t) {  // allgather
-    steps.push_back({(owned - t + 2 * n) % n, (owned - t - 1 + 2 * n) % n, false});
+  if (allgather) {
+    const int owned = RingOwnedChunk(r, n);
+    for (int t = 0; t < n - 1; ++t)
+      steps.push_back({(owned - t + 2 * n) % n, (owned - t - 1 + 2 * n) % n, false});
   }
   int64_t switch_time = 0;
   Status s = RunRingPass(transport, static_cast<char*>(buf), layout, steps,
                          dtype, op, options, scratch, &switch_time);
   if (times) {
-    times->reduce_scatter_end = switch_time;
+    times->reduce_scatter_end = allgather ? switch_time : NowMicros();
     times->end = NowMicros();
   }
   return s;
+}
+
+void RingChunk(size_t count, int size, int chunk, size_t* offset, size_t* elems) {
+  ChunkOf(count, size, chunk, offset, elems);
+}
+
+Status RingAllreduce(Transport* transport, void* buf, size_t count,
+                     DataType dtype, ReduceOp op,
+                     const CollectiveOptions& options,
+                     std::vector<char>* scratch, RingTimes* times) {
+  return RingAllreducePhases(transport, buf, count, dtype, op, options, scratch,
+                             times, true, true);
 }
 
 }  // namespace kerasdist

@@ -35,7 +35,8 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
                    long long stall_shutdown_us, long long timeout_ms,
                    long long init_timeout_ms, long long segment_bytes,
                    int shared_memory, const char* timeline_path,
-                   const char* version, long long deadlock_us, char* err,
+                   const char* version, long long deadlock_us, int hierarchical,
+                   char* err,
                    int err_len) {
   std::lock_guard<std::mutex> lock(kerasdist::g_mu);
   if (*kerasdist::g_context) return 0;  // init() twice is harmless
@@ -50,6 +51,7 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
   config.shared_memory = shared_memory != 0;
   config.version = version ? version : "";
   config.coordinator.deadlock_us = deadlock_us;
+  config.hierarchical = hierarchical;
   std::unique_ptr<Context> ctx;
   kerasdist::Status s =
       Context::Create(MPI_Comm_f2c(fortran_comm), config, init_timeout_ms, &ctx);
@@ -106,11 +108,13 @@ int kerasdist_exit_guard(double seconds) {
   return 1;
 }
 
-// Writes local_rank, local_size, cross_rank, cross_size, homogeneous.
+// Writes local_rank, local_size, cross_rank, cross_size, homogeneous and
+// whether allreduces take the hierarchical algorithm.
 int kerasdist_topology(int* out) {
   auto ctx = kerasdist::CurrentContext();
   if (!ctx) return 1;
   const auto& t = ctx->topology();
+  out[5] = ctx->engine()->hierarchical() ? 1 : 0;
   out[0] = t.local_rank;
   out[1] = t.local_size;
   out[2] = t.cross_rank;
