@@ -1,6 +1,7 @@
 #include "context.h"
 
 #include "mpi_transport.h"
+#include "hierarchical.h"
 #include "setup_exchange.h"
 #include "shm_transport.h"
 
@@ -21,8 +22,15 @@ Status Context::Create(MPI_Comm comm, const EngineConfig& config,
   s = ExchangeSetup(mpi.get(), wire, init_timeout_ms, &topology);
   if (!s.ok()) return s;
   std::unique_ptr<Transport> transport;
-  s = ShmTransport::Create(std::move(mpi), config.shared_memory, init_timeout_ms,
-                           &transport);
+  // The hierarchical allreduce also sends along each host's own ring, whose
+  // wrap-around link is not a world-ring link.
+  int also_right = -1;
+  if (config.hierarchical != 0 && HierarchyUseful(topology)) {
+    const auto& local = topology.local_ranks;
+    also_right = local[(topology.local_rank + 1) % local.size()];
+  }
+  s = ShmTransport::Create(std::move(mpi), config.shared_memory, also_right,
+                           init_timeout_ms, &transport);
   if (!s.ok()) return s;
   std::unique_ptr<Context> ctx(new Context());
   ctx->config_ = config;

@@ -114,11 +114,18 @@ std::unique_ptr<ShmTransport::Segment> MapSegment(const std::string& name,
   return seg;
 }
 
-// What each rank tells the others at setup.
+// What each rank tells the others at setup: up to two outgoing segments.
 struct SetupRecord {
-  char name[64];   // its outgoing segment, or empty
-  uint64_t token;  // written into that segment, to recognise it
+  struct Offer {
+    int32_t to;      // the receiving rank, or -1
+    char name[64];   // the segment
+    uint64_t token;  // written into that segment, to recognise it
+  } offers[2];
 };
+
+std::string OfferName(const SetupRecord::Offer& o) {
+  return std::string(o.name, strnlen(o.name, sizeof(o.name)));
+}
 
 }  // namespace
 
@@ -163,6 +170,7 @@ class ShmTransfer : public Transfer {
   Status status() const override { return status_; }
 
   ShmTransport* owner_;
+  ShmTransport::Channel* channel_ = nullptr;
   const uint64_t fragments_;
   uint64_t moved_ = 0;  // fragments copied so far
   const char* src_ = nullptr;
@@ -178,86 +186,121 @@ ShmTransport::Segment::~Segment() {
   if (addr) munmap(addr, bytes);
 }
 
-ShmTransport::ShmTransport(std::unique_ptr<MpiTransport> mpi) : mpi_(std::move(mpi)) {
-  right_ = (rank() + 1) % size();
-  left_ = (rank() + size() - 1) % size();
-}
+ShmTransport::ShmTransport(std::unique_ptr<MpiTransport> mpi) : mpi_(std::move(mpi)) {}
 
 ShmTransport::~ShmTransport() {
-  for (ShmTransfer* t : sends_) t->done_ = true;
-  for (ShmTransfer* t : recvs_) t->done_ = true;
+  for (auto* v : {&outs_, &ins_})
+    for (auto& c : *v)
+      for (ShmTransfer* t : c->queue) t->done_ = true;
+}
+
+ShmTransport::Channel* ShmTransport::Find(std::vector<std::unique_ptr<Channel>>& v,
+                                          int peer) const {
+  for (auto& c : v)
+    if (c->peer == peer) return c.get();
+  return nullptr;
 }
 
 Status ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool enabled,
-                            int64_t timeout_ms, std::unique_ptr<Transport>* out) {
+                            int also_right, int64_t timeout_ms,
+                            std::unique_ptr<Transport>* out) {
   if (mpi->size() == 1) {
     *out = std::move(mpi);
     return Status::OK();
   }
-  // The exchange below is collective, so a rank with shared memory disabled
-  // still takes part; it just offers and maps no segment, and its links fall
-  // back to MPI on both ends.
+  // The exchanges below are collective, so a rank with shared memory
+  // disabled still takes part; it just offers and maps no segment, and its
+  // links fall back to MPI on both ends.
   std::unique_ptr<ShmTransport> t(new ShmTransport(std::move(mpi)));
-  const int n = t->size();
+  const int n = t->size(), me = t->rank();
+  std::vector<int> targets = {(me + 1) % n};
+  if (also_right >= 0 && also_right != me && also_right != targets[0])
+    targets.push_back(also_right);
 
-  // 1. Create the outgoing segment and tell everyone its name and token.
+  // 1. Create the outgoing segments and tell everyone their names and tokens.
   SetupRecord mine{};
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(RandomBits()));
-  const std::string name = std::string("/kerasdist-") + hex;
-  std::string why;
-  auto outgoing = enabled ? MapSegment(name, /*create=*/true, &why) : nullptr;
-  if (enabled && !outgoing) {
-    std::fprintf(stderr,
-                 "[kerasdist] WARNING: rank %d: no shared-memory segment (%s); the link to "
-                 "rank %d uses MPI instead.\n",
-                 t->rank(), why.c_str(), t->right_);
-  }
-  if (outgoing) {
-    mine.token = RandomBits();
-    auto* h = new (outgoing->addr) ChannelHeader();
+  for (auto& o : mine.offers) o.to = -1;
+  std::vector<std::unique_ptr<Segment>> outgoing(targets.size());
+  std::vector<std::string> names(targets.size());
+  for (size_t i = 0; i < targets.size() && enabled; ++i) {
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(RandomBits()));
+    names[i] = std::string("/kerasdist-") + hex;
+    std::string why;
+    outgoing[i] = MapSegment(names[i], /*create=*/true, &why);
+    if (!outgoing[i]) {
+      std::fprintf(stderr,
+                   "[kerasdist] WARNING: rank %d: no shared-memory segment (%s); the link to "
+                   "rank %d uses MPI instead.\n",
+                   me, why.c_str(), targets[i]);
+      continue;
+    }
+    SetupRecord::Offer& o = mine.offers[i];
+    o.to = targets[i];
+    o.token = RandomBits();
+    auto* h = new (outgoing[i]->addr) ChannelHeader();
     h->magic = kMagic;
-    h->token = mine.token;
+    h->token = o.token;
     h->head.store(0);
     h->tail.store(0);
-    std::strncpy(mine.name, name.c_str(), sizeof(mine.name) - 1);
+    std::strncpy(o.name, names[i].c_str(), sizeof(o.name) - 1);
   }
+  auto unlink_mine = [&] {
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (outgoing[i]) shm_unlink(names[i].c_str());
+  };
   std::vector<SetupRecord> all(n);
   Status s = t->mpi_->Allgather(&mine, sizeof(mine), all.data(), timeout_ms);
   if (!s.ok()) {
-    if (outgoing) shm_unlink(name.c_str());
+    unlink_mine();
     return s;
   }
 
-  // 2. Map the left neighbour's segment and check that it is really theirs
-  //    (another container may have its own /dev/shm).
-  const SetupRecord& lrec = all[t->left_];
-  std::unique_ptr<Segment> in;
-  if (enabled && lrec.name[0]) {
-    in = MapSegment(std::string(lrec.name, strnlen(lrec.name, sizeof(lrec.name))),
-                    /*create=*/false, &why);
-    if (in && (Header(in.get())->magic != kMagic ||
-               Header(in.get())->token != lrec.token)) {
-      in.reset();
+  // 2. Map every segment offered to this rank and check that it is really
+  //    the sender's (another container may have its own /dev/shm).
+  struct Mapped {
+    int32_t from[2];
+  } mapped{{-1, -1}};
+  std::vector<std::unique_ptr<Channel>> ins;
+  for (int r = 0; r < n && enabled; ++r) {
+    for (const auto& o : all[r].offers) {
+      if (o.to != me || r == me || ins.size() == 2) continue;
+      std::string why;
+      auto seg = MapSegment(OfferName(o), /*create=*/false, &why);
+      if (!seg || Header(seg.get())->magic != kMagic || Header(seg.get())->token != o.token)
+        continue;
+      auto c = std::make_unique<Channel>();
+      c->peer = r;
+      c->seg = std::move(seg);
+      mapped.from[ins.size()] = r;
+      ins.push_back(std::move(c));
     }
   }
 
-  // 3. Agree per link: the sender uses its segment only if the receiver
-  //    mapped it. Once everyone has answered, the names can go.
-  int32_t mapped = in ? 1 : 0;
-  std::vector<int32_t> mapped_all(n);
+  // 3. Agree per link: the sender uses a segment only if the receiver mapped
+  //    it. Once everyone has answered, the names can go.
+  std::vector<Mapped> mapped_all(n);
   s = t->mpi_->Allgather(&mapped, sizeof(mapped), mapped_all.data(), timeout_ms);
-  if (outgoing) shm_unlink(name.c_str());
+  unlink_mine();
   if (!s.ok()) {
-    // A rank that died between the two exchanges left its segment behind:
+    // A rank that died between the two exchanges left its segments behind:
     // remove every name we heard of (unlinking a removed name is harmless).
     for (const SetupRecord& rec : all)
-      if (rec.name[0]) shm_unlink(std::string(rec.name, strnlen(rec.name, sizeof(rec.name))).c_str());
+      for (const auto& o : rec.offers)
+        if (o.name[0]) shm_unlink(OfferName(o).c_str());
     return s;
   }
-  if (outgoing && mapped_all[t->right_]) t->out_ = std::move(outgoing);
-  t->in_ = std::move(in);
-  if (!t->out_ && !t->in_) {
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const Mapped& m = mapped_all[targets[i]];
+    if (outgoing[i] && (m.from[0] == me || m.from[1] == me)) {
+      auto c = std::make_unique<Channel>();
+      c->peer = targets[i];
+      c->seg = std::move(outgoing[i]);
+      t->outs_.push_back(std::move(c));
+    }
+  }
+  t->ins_ = std::move(ins);
+  if (t->outs_.empty() && t->ins_.empty()) {
     *out = std::move(t->mpi_);  // no link uses shared memory
   } else {
     *out = std::move(t);
@@ -267,43 +310,53 @@ Status ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool enabled,
 
 std::unique_ptr<Transfer> ShmTransport::Isend(int peer, int tag, const void* buf,
                                               size_t bytes) {
-  if (tag != kTagData || peer != right_ || !out_)
-    return std::make_unique<DrivenTransfer>(this, mpi_->Isend(peer, tag, buf, bytes));
+  Channel* c = tag == kTagData ? Find(outs_, peer) : nullptr;
+  if (!c) return std::make_unique<DrivenTransfer>(this, mpi_->Isend(peer, tag, buf, bytes));
   auto t = std::make_unique<ShmTransfer>(this, peer, bytes, true);
+  t->channel_ = c;
   t->src_ = static_cast<const char*>(buf);
-  sends_.push_back(t.get());
-  PushSends();
+  c->queue.push_back(t.get());
+  PushSends(c);
   return t;
 }
 
 std::unique_ptr<Transfer> ShmTransport::Irecv(int peer, int tag, void* buf,
                                               size_t bytes) {
-  if (tag != kTagData || peer != left_ || !in_)
-    return std::make_unique<DrivenTransfer>(this, mpi_->Irecv(peer, tag, buf, bytes));
+  Channel* c = tag == kTagData ? Find(ins_, peer) : nullptr;
+  if (!c) return std::make_unique<DrivenTransfer>(this, mpi_->Irecv(peer, tag, buf, bytes));
   auto t = std::make_unique<ShmTransfer>(this, peer, bytes, false);
+  t->channel_ = c;
   t->dst_ = static_cast<char*>(buf);
-  recvs_.push_back(t.get());
+  c->queue.push_back(t.get());
   return t;
 }
 
-bool ShmTransport::CanRecvReduce(int peer) const { return peer == left_ && in_ != nullptr; }
+bool ShmTransport::CanRecvReduce(int peer) const {
+  for (const auto& c : ins_)
+    if (c->peer == peer) return true;
+  return false;
+}
 
 std::unique_ptr<Transfer> ShmTransport::IrecvReduce(int peer, int tag, void* dest,
                                                     size_t bytes, DataType dtype,
                                                     ReduceOp op) {
-  if (tag != kTagData || !CanRecvReduce(peer)) return nullptr;
+  Channel* c = tag == kTagData ? Find(ins_, peer) : nullptr;
+  if (!c) return nullptr;
   auto t = std::make_unique<ShmTransfer>(this, peer, bytes, false);
+  t->channel_ = c;
   t->dst_ = static_cast<char*>(dest);
   t->reduce_ = true;
   t->dtype_ = dtype;
   t->op_ = op;
-  recvs_.push_back(t.get());
+  c->queue.push_back(t.get());
   return t;
 }
 
 void ShmTransport::ProgressShm() {
-  if (!sends_.empty()) PushSends();
-  if (!recvs_.empty()) PullRecvs();
+  for (auto& c : outs_)
+    if (!c->queue.empty()) PushSends(c.get());
+  for (auto& c : ins_)
+    if (!c->queue.empty()) PullRecvs(c.get());
 }
 
 void ShmTransport::Progress() {
@@ -311,71 +364,72 @@ void ShmTransport::Progress() {
   mpi_->Progress();
 }
 
-void ShmTransport::PushSends() {
-  ChannelHeader* h = Header(out_.get());
+void ShmTransport::PushSends(Channel* c) {
+  ChannelHeader* h = Header(c->seg.get());
   uint64_t tail = h->tail.load(std::memory_order_acquire);
-  while (!sends_.empty()) {
-    ShmTransfer* t = sends_.front();
+  while (!c->queue.empty()) {
+    ShmTransfer* t = c->queue.front();
     while (t->moved_ < t->fragments_) {
-      if (out_head_ - tail >= kSlots) {
+      if (c->pos - tail >= kSlots) {
         tail = h->tail.load(std::memory_order_acquire);
-        if (out_head_ - tail >= kSlots) return;  // full: the receiver is behind
+        if (c->pos - tail >= kSlots) return;  // full: the receiver is behind
       }
       const size_t off = t->moved_ * kSlotBytes;
       const size_t n = FragmentBytes(t->bytes(), t->moved_);
-      if (n) std::memcpy(Slot(out_.get(), out_head_), t->src_ + off, n);
-      h->fragment_bytes[out_head_ % kSlots] = n;
-      ++out_head_;
-      h->head.store(out_head_, std::memory_order_release);
+      if (n) std::memcpy(Slot(c->seg.get(), c->pos), t->src_ + off, n);
+      h->fragment_bytes[c->pos % kSlots] = n;
+      ++c->pos;
+      h->head.store(c->pos, std::memory_order_release);
       ++t->moved_;
     }
     t->done_ = true;
-    sends_.pop_front();
+    c->queue.pop_front();
   }
 }
 
-void ShmTransport::PullRecvs() {
-  ChannelHeader* h = Header(in_.get());
+void ShmTransport::PullRecvs(Channel* c) {
+  ChannelHeader* h = Header(c->seg.get());
   uint64_t head = h->head.load(std::memory_order_acquire);
-  while (!recvs_.empty()) {
-    ShmTransfer* t = recvs_.front();
-    while (t->moved_ < t->fragments_ && broken_.ok()) {
-      if (in_tail_ == head) {
+  while (!c->queue.empty()) {
+    ShmTransfer* t = c->queue.front();
+    while (t->moved_ < t->fragments_ && c->broken.ok()) {
+      if (c->pos == head) {
         head = h->head.load(std::memory_order_acquire);
-        if (in_tail_ == head) return;  // nothing new from the sender
+        if (c->pos == head) return;  // nothing new from the sender
       }
       const size_t off = t->moved_ * kSlotBytes;
       const size_t want = FragmentBytes(t->bytes(), t->moved_);
-      const size_t got = h->fragment_bytes[in_tail_ % kSlots];
+      const size_t got = h->fragment_bytes[c->pos % kSlots];
       if (got != want) {
         // Both ends post the same sizes in the same order; anything else
         // means the stream is out of step and nothing after it can be used.
-        broken_ = Status(StatusCode::kInternal,
-                         "shared-memory stream from rank " + std::to_string(left_) +
-                             " is out of step: expected a fragment of " +
-                             std::to_string(want) + " bytes, received " +
-                             std::to_string(got));
+        c->broken = Status(StatusCode::kInternal,
+                           "shared-memory stream from rank " + std::to_string(c->peer) +
+                               " is out of step: expected a fragment of " +
+                               std::to_string(want) + " bytes, received " +
+                               std::to_string(got));
         break;
       }
-      const char* src = Slot(in_.get(), in_tail_);
+      const char* src = Slot(c->seg.get(), c->pos);
       if (got && t->reduce_) {
         const size_t elem = DataTypeSize(t->dtype_);
         ReduceInto(t->dst_ + off, src, got / elem, t->dtype_, t->op_);
       } else if (got) {
         std::memcpy(t->dst_ + off, src, got);
       }
-      ++in_tail_;
-      h->tail.store(in_tail_, std::memory_order_release);
+      ++c->pos;
+      h->tail.store(c->pos, std::memory_order_release);
       ++t->moved_;
     }
-    if (!broken_.ok()) t->status_ = broken_;
+    if (!c->broken.ok()) t->status_ = c->broken;
     t->done_ = true;
-    recvs_.pop_front();
+    c->queue.pop_front();
   }
 }
 
 void ShmTransport::Forget(ShmTransfer* t) {
-  auto& q = t->is_send() ? sends_ : recvs_;
+  if (!t->channel_) return;
+  auto& q = t->channel_->queue;
   q.erase(std::remove(q.begin(), q.end(), t), q.end());
 }
 
@@ -389,8 +443,8 @@ Status ShmTransport::RecvProbed(int peer, int tag, void* buf, size_t bytes) {
 
 std::string ShmTransport::Name() const {
   std::string links;
-  if (out_) links += " to rank " + std::to_string(right_);
-  if (in_) links += std::string(out_ ? "," : "") + " from rank " + std::to_string(left_);
+  for (const auto& c : outs_) links += (links.empty() ? " to rank " : ", to rank ") + std::to_string(c->peer);
+  for (const auto& c : ins_) links += (links.empty() ? " from rank " : ", from rank ") + std::to_string(c->peer);
   return mpi_->Name() + (links.empty() ? "" : "; shared memory" + links);
 }
 

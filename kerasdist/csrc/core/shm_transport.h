@@ -1,8 +1,9 @@
 // Shared-memory data path between ring neighbours on one host.
 //
 // Every collective moves its payload from a rank to its right neighbour
-// (ring allreduce, ring allgather, chain broadcast). When the two share
-// /dev/shm, that link is a single-producer single-consumer queue of
+// (ring allreduce, ring allgather, chain broadcast), on the world ring or, for
+// the hierarchical allreduce, on the ring of the ranks of one host. When the
+// two share /dev/shm, that link is a single-producer single-consumer queue of
 // fixed-size slots in a segment both have mapped: the sender copies each
 // fragment into a free slot and publishes it; the receiver copies it out, or
 // reduces it straight into the destination (IrecvReduce), and frees the
@@ -33,8 +34,11 @@ class ShmTransport : public Transport {
   // Wraps `mpi`; collective over its ranks. Returns `mpi` itself when no
   // link can use shared memory (a world of one, `enabled` false everywhere,
   // no common /dev/shm). Fails only if the bounded setup exchange times out.
+  // `also_right`: another peer this rank sends ring data to (its right
+  // neighbour on its host's ring), or -1.
   static Status Create(std::unique_ptr<MpiTransport> mpi, bool enabled,
-                       int64_t timeout_ms, std::unique_ptr<Transport>* out);
+                       int also_right, int64_t timeout_ms,
+                       std::unique_ptr<Transport>* out);
   ~ShmTransport() override;
 
   int rank() const override { return mpi_->rank(); }
@@ -66,19 +70,23 @@ class ShmTransport : public Transport {
     ~Segment();
   };
 
+  // One direction of one link: this rank -> peer (out) or peer -> this rank.
+  struct Channel {
+    int peer = -1;
+    std::unique_ptr<Segment> seg;
+    uint64_t pos = 0;  // out: fragments published (head); in: consumed (tail)
+    std::deque<ShmTransfer*> queue;
+    Status broken;     // in: set once the incoming stream is corrupt
+  };
+
  private:
   explicit ShmTransport(std::unique_ptr<MpiTransport> mpi);
-  void PushSends();
-  void PullRecvs();
+  Channel* Find(std::vector<std::unique_ptr<Channel>>& v, int peer) const;
+  void PushSends(Channel* c);
+  void PullRecvs(Channel* c);
 
   std::unique_ptr<MpiTransport> mpi_;
-  int right_ = -1, left_ = -1;
-  std::unique_ptr<Segment> out_;  // this rank -> right neighbour
-  std::unique_ptr<Segment> in_;   // left neighbour -> this rank
-  uint64_t out_head_ = 0;         // fragments published (we own the head)
-  uint64_t in_tail_ = 0;          // fragments consumed (we own the tail)
-  std::deque<ShmTransfer*> sends_, recvs_;
-  Status broken_;                 // set once the incoming stream is corrupt
+  std::vector<std::unique_ptr<Channel>> outs_, ins_;  // at most two each
 };
 
 }  // namespace kerasdist

@@ -36,8 +36,10 @@ bool ToDataType(tensorflow::DataType dt, DataType* out) {
 tensorflow::Status ToTfStatus(const Status& s) {
   switch (s.code()) {
     case StatusCode::kOk: return tensorflow::Status();
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kMismatch: return errors::InvalidArgument(s.message());
+    case StatusCode::kInvalidArgument: return errors::InvalidArgument(s.message());
+    // Ranks disagree on a tensor's dtype, shape, op or root: the call is
+    // valid on each rank alone, so this is Horovod's FailedPrecondition.
+    case StatusCode::kMismatch: return errors::FailedPrecondition(s.message());
     case StatusCode::kTimeout: return errors::Unavailable(s.message());
     case StatusCode::kAborted: return errors::Aborted(s.message());
     case StatusCode::kShutdown: return errors::FailedPrecondition(s.message());
@@ -254,6 +256,39 @@ class JoinOp : public CollectiveKernel {
   }
 };
 
+// Reads the live context at run time: rank, local rank, size, local size,
+// or whether this rank belongs to the (global) process set. Synchronous: the
+// answer is local, no other rank takes part.
+class QueryOp : public tensorflow::OpKernel {
+ public:
+  explicit QueryOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("query", &query_));
+    OP_REQUIRES(c, query_ >= 0 && query_ <= 4,
+                errors::InvalidArgument("Invalid query ", query_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    auto live = CurrentContext();
+    OP_REQUIRES(ctx, live != nullptr,
+                errors::FailedPrecondition(
+                    "kerasdist is not initialized. Call `kerasdist.init()` first."));
+    const auto& t = live->topology();
+    int32_t value = 0;
+    switch (query_) {
+      case 0: value = live->rank(); break;
+      case 1: value = t.local_rank; break;
+      case 2: value = live->size(); break;
+      case 3: value = t.local_size; break;
+      case 4: value = 1; break;  // only the global process set exists
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int32_t>()() = value;
+  }
+
+ private:
+  int query_;
+};
+
 }  // namespace
 
 // The data collectives are not marked stateful: tf.function's automatic
@@ -323,6 +358,16 @@ REGISTER_OP("KerasdistJoin")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc("Marks this rank as out of data; returns when all ranks have joined.");
 
+// Stateful, so that it is never constant-folded: a traced function reads the
+// context each time it runs (e.g. after shutdown() and init() on a new comm).
+REGISTER_OP("KerasdistQuery")
+    .Attr("query: int")
+    .Output("value: int32")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Reads rank (0), local rank (1), size (2), local size (3) or process-set membership (4).");
+
+REGISTER_KERNEL_BUILDER(Name("KerasdistQuery").Device(tensorflow::DEVICE_CPU), QueryOp);
 REGISTER_KERNEL_BUILDER(Name("KerasdistAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("KerasdistGroupedAllreduce").Device(tensorflow::DEVICE_CPU),
                         GroupedAllreduceOp);
