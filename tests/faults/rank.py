@@ -1,0 +1,206 @@
+"""One rank of a fault-injection case (driven by tests/faults/harness.py).
+
+    rank.py <point> <KILL|STOP> <0|last> <case dir>
+
+Every rank writes `pid.<rank>` (its pid and its parent's) into the case
+dir first. The victim rank reaches <point>, writes `fault` (the
+`time.monotonic()` of the fault, which is system-wide on Linux, so the
+harness can compare it with its own clock) and sends itself SIGKILL or
+SIGSTOP. The other ranks (survivors) run the same point; whatever they
+raise is written to `result.<rank>` with its message, and they exit with
+code 3. A survivor that gets through writes an "ok" result and exits 0.
+
+Points (the victim's side; survivors do the collective that needs it):
+- before_init: the victim dies before `init()`, before MPI_Init even (it
+  only imported kerasdist), while the others are inside `init()`.
+- in_init: MPI is up everywhere; the others are inside `init()` (the
+  engine's setup exchange) when the victim, which never called `init()`,
+  dies.
+- negotiation: after `init()`; the others wait in an allreduce the victim
+  never submits.
+- mid_ring: 0.4 x a measured 64 MiB allreduce into the same allreduce
+  (a timer thread fires while the ring runs).
+- mid_fit: at batch 20 of `fit` (tiny Keras model, DistributedOptimizer),
+  the others inside their step's gradient allreduces.
+- shutdown: the others are inside `shutdown()`; the victim dies 2 ms into
+  its own `shutdown()`.
+
+Only the Keras point imports Keras; TensorFlow loads with `init()`.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+POINT, SIG, VICTIM_SPEC, DIR = sys.argv[1:5]
+RANK = int(os.environ["PMI_RANK"])
+SIZE = int(os.environ["PMI_SIZE"])
+VICTIM = 0 if VICTIM_SPEC == "0" else SIZE - 1
+SIGNAL = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}[SIG]
+SURVIVORS = [r for r in range(SIZE) if r != VICTIM]
+BIG = 16 << 20  # float32 elements: 64 MiB
+
+
+def write(name, data):
+    tmp = os.path.join(DIR, f".{name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, os.path.join(DIR, name))
+
+
+def wait_for(names, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(os.path.join(DIR, n)) for n in names):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {RANK}: {names} did not appear")
+        time.sleep(0.01)
+
+
+def log(text):
+    sys.stdout.write(f"[rank {RANK}] {text}\n")
+    sys.stdout.flush()
+
+
+def fault(**info):
+    """Writes the fault record, then kills or stops this process."""
+    write("fault", {"t": time.monotonic(), "rank": RANK, "pid": os.getpid(),
+                    "point": POINT, "signal": SIG, **info})
+    os.kill(os.getpid(), SIGNAL)
+    time.sleep(3600)  # A stopped victim never gets here: it is killed.
+
+
+def fault_in(seconds, **info):
+    """Faults from a timer thread `seconds` from now, while the caller runs."""
+    timer = threading.Timer(seconds, fault, kwargs=info)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def survivors_marked(prefix):
+    return [f"{prefix}.{r}" for r in SURVIVORS]
+
+
+# --- the points ------------------------------------------------------------
+# Each takes `victim` (bool) and either faults (victim) or returns (survivor:
+# the harness expects it to raise).
+
+def before_init(victim):
+    if victim:
+        wait_for(survivors_marked("init"))
+        time.sleep(1.0)  # The others are inside init() (MPI_Init) by now.
+        fault(mpi_initialized="mpi4py" in sys.modules)
+    import tensorflow  # noqa: F401  (outside the fault window)
+
+    import kerasdist as kd
+    write(f"init.{RANK}", {})
+    kd.init()
+    kd.allreduce(tensorflow.ones([8]), name="after.init")
+
+
+def in_init(victim):
+    import kerasdist as kd
+    import kerasdist.runtime  # noqa: F401  (TensorFlow, MPI_Init everywhere)
+    if victim:
+        wait_for(survivors_marked("init"))
+        time.sleep(0.5)  # The others wait in init()'s setup exchange.
+        fault(mpi_initialized=True)
+    write(f"init.{RANK}", {})
+    kd.init()
+    import tensorflow as tf
+    kd.allreduce(tf.ones([8]), name="after.init")
+
+
+def negotiation(victim):
+    import kerasdist as kd
+    kd.init()
+    import tensorflow as tf
+    kd.allreduce(tf.ones([8]), name="warm")
+    if victim:
+        wait_for(survivors_marked("waiting"))
+        time.sleep(0.3)
+        fault()
+    write(f"waiting.{RANK}", {})
+    kd.allreduce(tf.ones([8]), name="never.submitted.by.victim")
+
+
+def mid_ring(victim):
+    import kerasdist as kd
+    kd.init()
+    import tensorflow as tf
+    x = tf.ones([BIG])
+    start = time.monotonic()
+    out = kd.allreduce(x, op=kd.Sum, name="big")
+    took = time.monotonic() - start
+    assert float(out[0]) == SIZE and float(out[-1]) == SIZE, out[:4]
+    if victim:
+        fault_in(0.4 * took, warm_allreduce_s=round(took, 4))
+    kd.allreduce(x, op=kd.Sum, name="big")
+    if victim:
+        time.sleep(3600)  # The ring finished before the timer: still fault.
+
+
+def mid_fit(victim):
+    import kerasdist as kd
+    kd.init()
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, "relu"),
+                              keras.layers.Dense(1)])
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+    x = np.random.RandomState(RANK).rand(64, 8).astype("float32")
+    y = x.sum(1, keepdims=True)
+
+    class Fault(keras.callbacks.Callback):
+        steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1  # `batch` restarts every epoch (16 batches).
+            if victim and self.steps == 20:
+                fault(step=self.steps)
+
+    model.fit(x, y, batch_size=4, epochs=1000, verbose=0, callbacks=[Fault()])
+
+
+def shutdown(victim):
+    import kerasdist as kd
+    kd.init()
+    import tensorflow as tf
+    kd.allreduce(tf.ones([8]), name="warm")
+    if victim:
+        wait_for(survivors_marked("shutdown"))
+        time.sleep(0.3)
+        fault_in(0.002)
+    write(f"shutdown.{RANK}", {})
+    kd.shutdown()
+    if victim:
+        time.sleep(3600)
+
+
+POINTS = {f.__name__: f for f in (before_init, in_init, negotiation, mid_ring,
+                                  mid_fit, shutdown)}
+
+
+def main():
+    write(f"pid.{RANK}", {"pid": os.getpid(), "ppid": os.getppid()})
+    victim = RANK == VICTIM
+    try:
+        POINTS[POINT](victim)
+    except Exception as e:  # noqa: BLE001  (a survivor's expected failure)
+        if victim:
+            raise
+        message = getattr(e, "message", None) or str(e)
+        write(f"result.{RANK}", {"t": time.monotonic(), "ok": False,
+                                  "error": type(e).__name__, "message": message})
+        log(f"survivor failed: {type(e).__name__}: {message}")
+        sys.exit(3)
+    write(f"result.{RANK}", {"t": time.monotonic(), "ok": True, "message": ""})
+    log("survivor finished without an error")
+
+
+main()
