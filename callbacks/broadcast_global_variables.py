@@ -5,17 +5,19 @@ import keras
 from kerasdist.functions import broadcast_variables
 
 
-def _shared_variables(model):
+def _shared_variables(model, local_variables=()):
     """Model and optimizer variables, in the same order on every rank.
 
     Random-seed states (dropout and friends) are left per rank, so that each
-    rank keeps drawing its own masks, as it reads its own data.
+    rank keeps drawing its own masks, as it reads its own data; so are
+    `local_variables`.
     """
     variables = [v for v in model.variables if "seed_generator" not in v.path]
     opt = getattr(model, "optimizer", None)
     if opt is not None:
         variables += list(opt.variables)
-    return variables
+    local = {id(v) for v in local_variables or ()}
+    return [v for v in variables if id(v) not in local]
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -30,6 +32,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Args:
         root_rank: The rank whose state is kept. Defaults to 0.
         device: Unused; accepted for Horovod compatibility. Defaults to "".
+        local_variables: Variables to leave out of the broadcast (each rank
+            keeps its own), e.g. those of a
+            `PartialDistributedOptimizer`'s local layers. Defaults to `None`.
 
     Example:
 
@@ -40,17 +45,19 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     # kerasdist's fit guard: its batch hooks never set `stop_training`.
     _kerasdist_never_stops = True
 
-    def __init__(self, root_rank=0, device=""):
+    def __init__(self, root_rank=0, device="", local_variables=None):
         super().__init__()
         del device
         self.root_rank = root_rank
+        self.local_variables = list(local_variables or ())
         self.broadcast_done = False
 
     def _broadcast(self):
         opt = getattr(self.model, "optimizer", None)
         if opt is not None and not opt.built:
             opt.build(self.model.trainable_variables)
-        broadcast_variables(_shared_variables(self.model), self.root_rank,
+        broadcast_variables(_shared_variables(self.model, self.local_variables),
+                            self.root_rank,
                             name="broadcast_global_variables")
         self.broadcast_done = True
 

@@ -20,7 +20,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Compression": "kerasdist.compression",
     "DistributedOptimizer": "kerasdist.optimizer",
+    "PartialDistributedOptimizer": "kerasdist.optimizer",
     "load_model": "kerasdist.optimizer",
+    "DistributedGradientTape": "kerasdist.tape",
+    "PartialDistributedGradientTape": "kerasdist.tape",
+    "SyncBatchNormalization": "kerasdist.sync_batch_norm",
     "allgather_object": "kerasdist.functions",
     "broadcast_object": "kerasdist.functions",
     "broadcast_variables": "kerasdist.functions",
@@ -31,6 +35,12 @@ _EXPORTS = {
 for _name in ("Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce",
               "barrier", "broadcast", "grouped_allreduce", "join"):
     _EXPORTS[_name] = "kerasdist.ops"
+for _name in ("rank_op", "local_rank_op", "size_op", "local_size_op",
+              "process_set_included_op", "is_homogeneous", "mpi_threads_supported",
+              "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
+              "ccl_built", "cuda_built", "rocm_built", "ddl_built", "start_timeline",
+              "stop_timeline"):
+    _EXPORTS[_name] = "kerasdist.queries"
 for _name in ("build_info", "cross_rank", "cross_size", "init", "is_initialized",
               "local_rank", "local_size", "rank", "shutdown", "size"):
     _EXPORTS[_name] = "kerasdist.runtime"

@@ -7,6 +7,8 @@ on every rank (eager) or build the same graph (`tf.function`, where the op's
 node name is used).
 """
 
+import warnings
+
 import tensorflow as tf
 
 from kerasdist.compression import Compression
@@ -91,21 +93,41 @@ def _derived(name, suffix):
     return f"{name}.{suffix}" if name else None
 
 
+def _resolve_op(op, average, what):
+    """Horovod's deprecated `average=` argument mapped onto `op`."""
+    if average is None:
+        return Average if op is None else op
+    if op is not None:
+        raise ValueError(
+            f"`{what}` takes `op` or the deprecated `average`, not both. "
+            f"Received: op={op!r}, average={average!r}"
+        )
+    warnings.warn(
+        f"The `average` argument of `{what}` is deprecated, as in Horovod. "
+        "Use `op=kerasdist.Average` (average=True) or `op=kerasdist.Sum` "
+        "(average=False) instead.",
+        DeprecationWarning, stacklevel=3)
+    return Average if average else Sum
+
+
 def allreduce(
     tensor,
-    op=Average,
+    op=None,
     name=None,
     prescale_factor=1.0,
     postscale_factor=1.0,
     compression=Compression.none,
     sparse_as_dense=False,
+    average=None,
+    device_dense="",
+    device_sparse="",
 ):
     """Reduces a tensor over all ranks; every rank receives the result.
 
     Args:
         tensor: A tensor (or `tf.IndexedSlices`) of a supported dtype.
         op: `kerasdist.Average`, `Sum`, `Min`, `Max` or `Product`. Defaults
-            to `Average`. Integer averages truncate toward zero.
+            to `None` (`Average`). Integer averages truncate toward zero.
         name: Name that matches this collective across ranks. Defaults to
             `None` (derived from call order or the graph node name).
         prescale_factor: Multiplies the input before the reduction.
@@ -116,24 +138,41 @@ def allreduce(
             only. Defaults to `Compression.none`.
         sparse_as_dense: For `tf.IndexedSlices`, densify and allreduce instead
             of allgathering values and indices. Defaults to False.
+        average: Deprecated (as in Horovod): True means `op=Average`, False
+            `op=Sum`; warns with a `DeprecationWarning`. Give `op` or
+            `average`, not both. Defaults to `None`.
+        device_dense, device_sparse: Unused (CPU only); accepted for Horovod
+            compatibility. Default to `""`.
 
     Returns:
-        A tensor with the same shape and dtype as `tensor`.
+        A tensor with the same shape and dtype as `tensor` (a
+        `tf.IndexedSlices` for one, unless `sparse_as_dense`).
 
     Raises:
         RuntimeError: If kerasdist is not initialized.
-        ValueError: For an invalid `op`; at run time for tensors whose dtype,
-            shape or op differ across ranks (`tf.errors.InvalidArgumentError`).
+        ValueError: For an invalid `op`, or both `op` and `average`.
+        NotImplementedError: For `tf.IndexedSlices` (without
+            `sparse_as_dense`) with `Min`, `Max` or `Product`, or with a
+            pre- or postscale factor other than 1, as in Horovod.
         TypeError: For an unsupported dtype.
+        tf.errors.FailedPreconditionError: At run time, when the ranks'
+            dtype, shape or op for this name differ (the message names the
+            tensor and what each rank sent).
 
     Example:
 
     >>> kerasdist.allreduce(tf.constant([1.0, 2.0]), op=kerasdist.Sum)
     """
     check_initialized()
+    del device_dense, device_sparse
+    op = _resolve_op(op, average, "allreduce")
     _check_op(op)
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_sparse(tensor, op, name, sparse_as_dense, compression)
+        if sparse_as_dense:
+            tensor = tf.convert_to_tensor(tensor)
+        else:
+            return _allreduce_sparse(tensor, op, name, prescale_factor,
+                                     postscale_factor)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "allreduce")
     wire, ctx = compression.compress(tensor)
@@ -147,14 +186,21 @@ def allreduce(
     return compression.decompress(out, ctx)
 
 
-def _allreduce_sparse(slices, op, name, sparse_as_dense, compression):
-    if sparse_as_dense:
-        return allreduce(tf.convert_to_tensor(slices), op, name, compression=compression)
+def _allreduce_sparse(slices, op, name, prescale_factor, postscale_factor):
+    """Allgathers the values and indices: the sum of the slices (values
+    divided by the size for `Average`), without densifying."""
     if op not in (Average, Sum):
-        raise ValueError(
-            "Invalid value for argument `op` with tf.IndexedSlices. Expected "
-            f"Average or Sum. Received: op={_OP_NAMES[op]}. Pass "
-            "`sparse_as_dense=True` to reduce densely."
+        raise NotImplementedError(
+            "Only op=kerasdist.Average and op=kerasdist.Sum are supported "
+            f"for tf.IndexedSlices. Received: op={_OP_NAMES[op]}. Pass "
+            "`sparse_as_dense=True` to reduce them densely."
+        )
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError(
+            "`prescale_factor` and `postscale_factor` are not supported for "
+            f"tf.IndexedSlices. Received: prescale_factor={prescale_factor!r}, "
+            f"postscale_factor={postscale_factor!r}. Scale the values "
+            "yourself, or pass `sparse_as_dense=True`."
         )
     values = allgather(slices.values, name=_derived(name, "values"))
     indices = allgather(slices.indices, name=_derived(name, "indices"))
@@ -163,9 +209,10 @@ def _allreduce_sparse(slices, op, name, sparse_as_dense, compression):
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
-def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
+def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0,
                       postscale_factor=1.0, compression=Compression.none,
-                      sparse_as_dense=False):
+                      sparse_as_dense=False, average=None, device_dense="",
+                      device_sparse=""):
     """Allreduces a list of tensors in one op; the engine fuses them.
 
     The dense tensors go to the engine together, so they are fused into few
@@ -174,8 +221,8 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
 
     Args:
         tensors: A list of tensors (dtypes may differ).
-        op, prescale_factor, postscale_factor, compression, sparse_as_dense:
-            As in `allreduce`.
+        op, prescale_factor, postscale_factor, compression, sparse_as_dense,
+            average, device_dense, device_sparse: As in `allreduce`.
         name: Prefix for the tensors' names; tensor i is `"{name}.{i}"`.
             Defaults to `None`.
 
@@ -183,6 +230,7 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0,
         A list of reduced tensors, in the order of `tensors`.
     """
     check_initialized()
+    op = _resolve_op(op, average, "grouped_allreduce")
     _check_op(op)
     tensors = list(tensors)
     if not tensors:
@@ -288,8 +336,10 @@ def join():
     return int(out) if tf.executing_eagerly() else out
 
 
-# Gradients. The convention is that of the sum of all ranks' losses, which
-# for allreduce(Average) gives Horovod's averaged gradients.
+# Gradients, with Horovod's convention: allreduce's gradient is the allreduce
+# (same op and factors) of the incoming gradients; allgather's and
+# broadcast's are the *average* over ranks of the incoming gradients (this
+# rank's slice of it for allgather, zero off the root for broadcast).
 
 
 def _grad_name(op, suffix):
@@ -328,7 +378,7 @@ def _grouped_allreduce_grad(op, *grads):
 
 @tf.RegisterGradient("KerasdistAllgather")
 def _allgather_grad(op, grad):
-    grad = allreduce(grad, op=Sum, name=_grad_name(op, "grad"))
+    grad = allreduce(grad, op=Average, name=_grad_name(op, "grad"))
     dim0 = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
     sizes = allgather(dim0, name=_grad_name(op, "grad_sizes"))
     return tf.split(grad, sizes, num=context.size, axis=0)[context.rank]
@@ -337,5 +387,5 @@ def _allgather_grad(op, grad):
 @tf.RegisterGradient("KerasdistBroadcast")
 def _broadcast_grad(op, grad):
     root = op.get_attr("root_rank")
-    grad = allreduce(grad, op=Sum, name=_grad_name(op, "grad"))
+    grad = allreduce(grad, op=Average, name=_grad_name(op, "grad"))
     return grad if context.rank == root else tf.zeros_like(grad)

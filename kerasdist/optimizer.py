@@ -9,22 +9,9 @@ gradient exists and communication overlaps backprop.
 
 import keras
 
-from kerasdist import _fit_guard, ops
+from kerasdist import _first_update, _fit_guard, _reduce, ops
 from kerasdist.compression import Compression
 from kerasdist.runtime import check_initialized, context
-
-
-class _Settings:
-    """How gradients are reduced; kept off Keras' attribute tracking."""
-
-    __slots__ = ("op", "prescale", "postscale", "compression", "sparse_as_dense")
-
-    def __init__(self, op, prescale, postscale, compression, sparse_as_dense):
-        self.op = op
-        self.prescale = prescale
-        self.postscale = postscale
-        self.compression = compression
-        self.sparse_as_dense = sparse_as_dense
 
 
 class _DistributedMixin:
@@ -33,30 +20,27 @@ class _DistributedMixin:
     _kerasdist_distributed = True
 
     def apply(self, grads, trainable_variables=None):
-        return super().apply(self._kerasdist_reduce(grads), trainable_variables)
+        return super().apply(self._kerasdist_reduce(grads, trainable_variables),
+                             trainable_variables)
 
-    def _kerasdist_reduce(self, grads):
+    def _kerasdist_reduce(self, grads, trainable_variables=None):
         settings = self.__dict__.get("_kerasdist_settings")
         # Checked at every size, so a single-process run already reports it.
         ops._check_not_xla("DistributedOptimizer")
         if settings is None or context.size == 1:
             return grads
-        reduced = []
-        for g in grads:
-            if g is None:
-                reduced.append(None)
-                continue
-            reduced.append(
-                ops.allreduce(
-                    g,
-                    op=settings.op,
-                    prescale_factor=settings.prescale,
-                    postscale_factor=settings.postscale,
-                    compression=settings.compression,
-                    sparse_as_dense=settings.sparse_as_dense,
-                )
-            )
-        return reduced
+        variables = None
+        if trainable_variables is not None:
+            variables = list(trainable_variables)
+            _first_update.sync_once(self, variables, settings.local_ids)
+        return _reduce.reduce_gradients(grads, variables, settings)
+
+    def register_local_var(self, var):
+        """Keeps `var`'s gradient local (not allreduced), as Horovod's
+        `PartialDistributedOptimizer.register_local_var`."""
+        settings = self.__dict__.get("_kerasdist_settings")
+        if settings is not None:
+            settings.local_ids.add(id(var))
 
     @property
     def lr(self):
@@ -97,6 +81,7 @@ def _make_distributed(optimizer, settings):
     _fit_guard.install()
     optimizer.__class__ = _distributed_class(type(optimizer))
     optimizer.__dict__["_kerasdist_settings"] = settings
+    _first_update.register(optimizer)
     return optimizer
 
 
@@ -109,6 +94,10 @@ def DistributedOptimizer(
     average_aggregated_gradients=False,
     sparse_as_dense=False,
     gradient_predivide_factor=1.0,
+    num_groups=0,
+    groups=None,
+    device_dense="",
+    device_sparse="",
 ):
     """Makes a Keras 3 optimizer average gradients across all ranks.
 
@@ -139,7 +128,21 @@ def DistributedOptimizer(
         sparse_as_dense: Allreduce `tf.IndexedSlices` gradients densely.
             Defaults to False.
         gradient_predivide_factor: With `op=Average`, divide by this factor
-            before the sum and by `size / factor` after. Defaults to 1.0.
+            before the sum and by `size / factor` after (also for
+            `tf.IndexedSlices` gradients, whose gathered values are scaled).
+            Defaults to 1.0.
+        num_groups: Deprecated form of `groups=<int>`. Defaults to 0.
+        groups: An int `k`: the gradients are split into `k` groups, each
+            allreduced in one grouped (fused) op; or a list of lists of
+            variables, each list one group (the other gradients one by one).
+            Defaults to `None` (one allreduce per gradient).
+        device_dense, device_sparse: Unused (CPU only); accepted for Horovod
+            compatibility. Default to `""`.
+
+    If nothing has broadcast the variables yet (no
+    `BroadcastGlobalVariablesCallback`, no `broadcast_variables`), the first
+    update broadcasts the trainable variables and the optimizer's state from
+    rank 0 before applying, so the replicas stay identical.
 
     Returns:
         The same optimizer, now distributed.
@@ -154,27 +157,20 @@ def DistributedOptimizer(
     >>> model.compile(optimizer=opt, loss="mse")
     """
     check_initialized()
-    del name
+    del name, device_dense, device_sparse
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(
             "Invalid value for argument `optimizer`. Expected a Keras 3 "
             f"optimizer instance. Received: optimizer={optimizer!r}"
-        )
-    if op not in (ops.Average, ops.Sum):
-        raise ValueError(
-            "Invalid value for argument `op`. Expected kerasdist.Average or "
-            f"kerasdist.Sum. Received: op={op!r}"
         )
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError(
             "Invalid value for argument `backward_passes_per_step`. Expected "
             f"an integer >= 1. Received: {backward_passes_per_step!r}"
         )
-    if gradient_predivide_factor != 1.0 and op != ops.Average:
-        raise ValueError(
-            "`gradient_predivide_factor` requires op=kerasdist.Average. "
-            f"Received: op={op!r}"
-        )
+    group_spec = _reduce.resolve_groups(num_groups, groups)
+    _reduce.make_settings(op, gradient_predivide_factor, compression,
+                          sparse_as_dense)  # validates op and the factor
     if (
         keras.mixed_precision.global_policy().name == "mixed_float16"
         and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
@@ -194,18 +190,59 @@ def DistributedOptimizer(
         if not average_aggregated_gradients:
             # Keras averages accumulated gradients; Horovod's default sums.
             postscale = float(backward_passes_per_step)
-    prescale = 1.0
-    reduce_op = op
-    if gradient_predivide_factor != 1.0:
-        reduce_op = ops.Sum
-        prescale = 1.0 / gradient_predivide_factor
-        postscale *= gradient_predivide_factor / context.size
-    settings = _Settings(reduce_op, prescale, postscale, compression, sparse_as_dense)
+    settings = _reduce.make_settings(op, gradient_predivide_factor, compression,
+                                     sparse_as_dense, postscale, group_spec)
     return _make_distributed(optimizer, settings)
 
 
-def load_model(filepath, custom_objects=None, compile=True,
-               compression=Compression.none, safe_mode=True):
+def PartialDistributedOptimizer(optimizer, name=None, compression=Compression.none,
+                                op=ops.Average, backward_passes_per_step=1,
+                                average_aggregated_gradients=False,
+                                sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, local_layers=None,
+                                scale_local_gradients=True, num_groups=0,
+                                groups=None):
+    """A `DistributedOptimizer` that leaves some layers' gradients local.
+
+    The gradients of the trainable variables of `local_layers` are not
+    allreduced: each rank updates those variables from its own data (for
+    example a per-rank embedding or head). More variables can be added with
+    `optimizer.register_local_var(var)`.
+
+    Args:
+        optimizer, name, compression, op, backward_passes_per_step,
+            average_aggregated_gradients, sparse_as_dense,
+            gradient_predivide_factor, num_groups, groups: As in
+            `DistributedOptimizer`.
+        local_layers: A Keras layer or a list of layers whose variables stay
+            local. Defaults to `None`.
+        scale_local_gradients: Divide the local gradients by the number of
+            ranks, as Horovod does (so that they are on the scale of the
+            averaged ones). Defaults to True.
+
+    Returns:
+        The same optimizer, now distributed except for the local variables.
+
+    Example:
+
+    >>> opt = kerasdist.PartialDistributedOptimizer(
+    ...     keras.optimizers.SGD(0.1), local_layers=[model.get_layer("head")])
+    """
+    optimizer = DistributedOptimizer(
+        optimizer, name=name, compression=compression, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        num_groups=num_groups, groups=groups)
+    settings = optimizer.__dict__["_kerasdist_settings"]
+    settings.local_ids = _reduce.variable_ids(local_layers)
+    settings.scale_local = bool(scale_local_gradients)
+    return optimizer
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none, compile=True, safe_mode=True):
     """Loads a saved model and makes its optimizer distributed again.
 
     Models saved with a `DistributedOptimizer` record the plain Keras
@@ -215,22 +252,36 @@ def load_model(filepath, custom_objects=None, compile=True,
 
     Args:
         filepath: Path of a `.keras` file.
+        custom_optimizers: A list of custom optimizer classes the model may
+            have been saved with (as in Horovod); they are added to
+            `custom_objects` under their class names. Defaults to `None`.
         custom_objects: As in `keras.models.load_model`. Defaults to `None`.
-        compile: As in `keras.models.load_model`. Defaults to True.
         compression: Compression for the restored optimizer. Defaults to
             `Compression.none`.
+        compile: As in `keras.models.load_model`. Defaults to True.
         safe_mode: As in `keras.models.load_model`. Defaults to True.
 
     Returns:
         The loaded Keras model.
+
+    Example:
+
+    >>> model = kerasdist.load_model("ckpt.keras")
     """
     check_initialized()
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or ():
+        if not isinstance(cls, type):
+            raise ValueError(
+                "Invalid value for argument `custom_optimizers`. Expected a "
+                f"list of optimizer classes. Received: {custom_optimizers!r}")
+        objects.setdefault(cls.__name__, cls)
     model = keras.models.load_model(
-        filepath, custom_objects=custom_objects, compile=compile, safe_mode=safe_mode
-    )
+        filepath, custom_objects=objects or None, compile=compile,
+        safe_mode=safe_mode)
     opt = getattr(model, "optimizer", None)
     if compile and isinstance(opt, keras.optimizers.Optimizer):
-        _make_distributed(opt, _Settings(ops.Average, 1.0, 1.0, compression, False))
+        _make_distributed(opt, _reduce.Settings(ops.Average, 1.0, 1.0, compression, False))
     return model
 
 
@@ -239,4 +290,5 @@ def is_distributed(optimizer):
     return isinstance(optimizer, _DistributedMixin)
 
 
-__all__ = ["DistributedOptimizer", "load_model", "is_distributed"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "load_model",
+           "is_distributed"]

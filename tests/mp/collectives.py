@@ -111,10 +111,11 @@ def check_gradients(size, r):
     coef = sum(k + 1 for k in range(size))
     np.testing.assert_allclose(tape.gradient(loss_avg, w).numpy(), np.full(3, coef / size))
     np.testing.assert_allclose(tape.gradient(loss_sum, w).numpy(), np.full(3, coef))
+    # allgather and broadcast: Horovod's convention, averaged over ranks.
     g = tape.gradient(loss_gather, w).numpy()
-    np.testing.assert_allclose(g, [coef] * (r + 1) + [0.0] * (2 - r) if r < 3 else [coef] * 3)
+    np.testing.assert_allclose(g, [coef / size] * (r + 1) + [0.0] * (2 - r))
     gb = tape.gradient(loss_bc, w).numpy()
-    np.testing.assert_allclose(gb, np.full(3, coef if r == 0 else 0.0))
+    np.testing.assert_allclose(gb, np.full(3, coef / size if r == 0 else 0.0))
     # grouped_allreduce: one output unused, so its incoming gradient is None.
     v = tf.constant([4.0, 5.0]) * (r + 1)
     with tf.GradientTape() as tape:

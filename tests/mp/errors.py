@@ -13,13 +13,13 @@ def expect_error(fn, *needles):
     start = time.time()
     try:
         fn()
-    except tf.errors.InvalidArgumentError as e:
+    except tf.errors.FailedPreconditionError as e:
         msg = str(e)
         for needle in needles:
             assert needle in msg, (needle, msg)
         assert time.time() - start < 10, "error took too long"
         return msg
-    raise AssertionError("expected an InvalidArgumentError")
+    raise AssertionError("expected a FailedPreconditionError")
 
 
 def run():
@@ -32,7 +32,7 @@ def run():
     expect_error(lambda: kd.allreduce(tf.ones([3]), op=kd.Sum if r == 0 else kd.Max, name="op"),
                  "allreduce(sum)", "allreduce(max)")
     expect_error(lambda: kd.broadcast(tf.ones([2]), root_rank=r % size, name="root") if size > 1
-                 else (_ for _ in ()).throw(tf.errors.InvalidArgumentError(None, None, "root")),
+                 else (_ for _ in ()).throw(tf.errors.FailedPreconditionError(None, None, "root")),
                  "root")
     expect_error(lambda: kd.allgather(tf.ones([2, 2 + r]), name="gather"), "allgather")
     kd.barrier()

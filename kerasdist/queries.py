@@ -1,0 +1,230 @@
+"""Horovod's run-time query ops and build queries.
+
+`rank_op()` and friends are TensorFlow ops (`KerasdistQuery`, a small
+kernel that reads the live context when it runs), so inside a
+`tf.function` they give the values at run time, not at trace time: a
+function traced before `shutdown()` and `init(comm=...)` on another
+communicator reads the new rank and size.
+
+Process sets do not exist in kerasdist yet: the `process_set_id` /
+`process_set` arguments accept only the global set (0 or `None`).
+"""
+
+import os
+
+import tensorflow as tf
+
+from kerasdist.runtime import check_initialized, context
+
+_RANK, _LOCAL_RANK, _SIZE, _LOCAL_SIZE, _INCLUDED = range(5)
+
+
+def _check_process_set(process_set_id, process_set):
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        raise ValueError(
+            "Invalid value for argument `process_set`. kerasdist has no "
+            "process sets yet; only the global set (None) is accepted. "
+            f"Received: process_set={process_set!r}")
+    if process_set_id != 0:
+        raise ValueError(
+            "Invalid value for argument `process_set_id`. kerasdist has no "
+            "process sets yet; only the global set (0) is accepted. "
+            f"Received: process_set_id={process_set_id!r}")
+
+
+def _query(kind, name):
+    check_initialized()
+    return context.ops.kerasdist_query(query=kind, name=name)
+
+
+def rank_op(name=None):
+    """Returns this process's rank as an int32 scalar tensor, read when the
+    op runs.
+
+    Args:
+        name: The op's name. Defaults to `None`.
+
+    Returns:
+        A scalar `tf.int32` tensor.
+
+    Example:
+
+    >>> @tf.function
+    ... def f():
+    ...     return kerasdist.rank_op()
+    """
+    return _query(_RANK, name)
+
+
+def local_rank_op(name=None):
+    """Returns this process's rank on its host as an int32 scalar tensor,
+    read when the op runs.
+
+    Args:
+        name: The op's name. Defaults to `None`.
+
+    Returns:
+        A scalar `tf.int32` tensor.
+    """
+    return _query(_LOCAL_RANK, name)
+
+
+def size_op(process_set_id=0, name=None, process_set=None):
+    """Returns the number of processes as an int32 scalar tensor, read when
+    the op runs.
+
+    Args:
+        process_set_id: Only 0 (the global set). Defaults to 0.
+        name: The op's name. Defaults to `None`.
+        process_set: Only `None` (the global set). Defaults to `None`.
+
+    Returns:
+        A scalar `tf.int32` tensor.
+    """
+    _check_process_set(process_set_id, process_set)
+    return _query(_SIZE, name)
+
+
+def local_size_op(name=None):
+    """Returns the number of processes on this host as an int32 scalar
+    tensor, read when the op runs.
+
+    Args:
+        name: The op's name. Defaults to `None`.
+
+    Returns:
+        A scalar `tf.int32` tensor.
+    """
+    return _query(_LOCAL_SIZE, name)
+
+
+def process_set_included_op(process_set_id=0, name=None, process_set=None):
+    """Returns 1 (int32 scalar tensor) if this process is in the process set.
+
+    Only the global process set exists, which every process is in.
+
+    Args:
+        process_set_id: Only 0 (the global set). Defaults to 0.
+        name: The op's name. Defaults to `None`.
+        process_set: Only `None` (the global set). Defaults to `None`.
+
+    Returns:
+        A scalar `tf.int32` tensor, 1.
+    """
+    _check_process_set(process_set_id, process_set)
+    return _query(_INCLUDED, name)
+
+
+def is_homogeneous():
+    """Returns True if every host runs the same number of processes."""
+    check_initialized()
+    return bool(context.homogeneous)
+
+
+def mpi_threads_supported():
+    """Returns True if MPI runs at `MPI_THREAD_MULTIPLE` (kerasdist's engine
+    requires it, so this is True once initialized)."""
+    check_initialized()
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled():
+    """Returns True: MPI is kerasdist's only controller and transport."""
+    return True
+
+
+def mpi_built():
+    """Returns True: kerasdist is always built with MPI."""
+    return True
+
+
+def gloo_enabled():
+    """Returns False: kerasdist has no Gloo backend."""
+    return False
+
+
+def gloo_built():
+    """Returns False: kerasdist has no Gloo backend."""
+    return False
+
+
+def nccl_built():
+    """Returns 0 (Horovod returns the NCCL version): no NCCL support."""
+    return 0
+
+
+def ddl_built():
+    """Returns False: no IBM DDL support."""
+    return False
+
+
+def ccl_built():
+    """Returns False: no oneCCL support."""
+    return False
+
+
+def cuda_built():
+    """Returns False: kerasdist's ops run on the CPU only."""
+    return False
+
+
+def rocm_built():
+    """Returns False: kerasdist's ops run on the CPU only."""
+    return False
+
+
+def _timeline_path():
+    return context.config.get("timeline", "") if context.config else ""
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Horovod's `start_timeline`; kerasdist's timeline is fixed at `init()`.
+
+    The engine opens its timeline (rank 0 writes it) when it starts, from
+    `KERASDIST_TIMELINE` (`kerasdist-run --timeline-filename F`), and
+    writes it until `shutdown()`; it has no hook to start one later. So this
+    succeeds only when that timeline is already being written to
+    `file_path`, and raises otherwise.
+
+    Args:
+        file_path: The timeline's path.
+        mark_cycles: Unused (kerasdist has no fixed cycle to mark).
+            Defaults to False.
+
+    Raises:
+        RuntimeError: If the engine is not writing a timeline to
+            `file_path`.
+    """
+    check_initialized()
+    del mark_cycles
+    current = _timeline_path()
+    if current and os.path.abspath(current) == os.path.abspath(os.fspath(file_path)):
+        return
+    raise RuntimeError(
+        "kerasdist cannot start a timeline at run time: the engine opens it "
+        "when it starts. Set KERASDIST_TIMELINE=" + os.fspath(file_path) +
+        " before `kerasdist.init()` (or run `kerasdist-run "
+        "--timeline-filename " + os.fspath(file_path) + " ...`). "
+        + (f"The engine is writing a timeline to {current!r}." if current else
+           "No timeline is being written."))
+
+
+def stop_timeline():
+    """Horovod's `stop_timeline`; kerasdist's timeline ends at `shutdown()`.
+
+    Does nothing when no timeline is being written.
+
+    Raises:
+        RuntimeError: If a timeline is being written (it cannot be closed
+            before `kerasdist.shutdown()`).
+    """
+    check_initialized()
+    current = _timeline_path()
+    if current:
+        raise RuntimeError(
+            f"kerasdist cannot stop its timeline ({current!r}) at run time: "
+            "the engine writes it from `init()` until `kerasdist.shutdown()`, "
+            "which closes it. Call `kerasdist.shutdown()`, or leave "
+            "KERASDIST_TIMELINE unset for a run without a timeline.")
