@@ -22,3 +22,10 @@ def test_horovod_tf2_custom_loop_ends_with_identical_replicas(tmp_path):
                   env={"KD_PARITY_TMP": str(tmp_path), "KD_PARITY_STEPS": "100"}).stdout
     assert out.count("replicas identical") == 2, out[-4000:]
     assert (tmp_path / "checkpoints-1.index").exists()
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_forgotten_broadcast_still_gives_identical_replicas(np_):
+    out = run_mpi("../parity/forgot_broadcast.py", np_, timeout=300).stdout
+    for what in ("fit", "custom loop", "callback"):
+        assert out.count(f"{what} replicas identical") == np_, (what, out[-4000:])
