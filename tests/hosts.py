@@ -129,6 +129,14 @@ def _alive(pid):
     return state not in ("Z", "X")
 
 
+def _argv(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
 def _kill_all(pids, grace=_KILL_GRACE):
     """SIGTERM, then SIGKILL whatever is still there after `grace` s."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -361,14 +369,22 @@ class Cluster:
         stats = json.loads(out)[0]["stats64"]
         return stats["rx"]["bytes"], stats["tx"]["bytes"]
 
-    def hosts_arg(self, slots):
-        """The `-hosts` value for `slots[i]` ranks on host i+1 (0 = unused)."""
+    def hosts_arg(self, slots, names=False):
+        """The `-hosts` value for `slots[i]` ranks on host i+1 (0 = unused),
+        with host names instead of addresses if `names`."""
         if len(slots) > len(self.hosts):
             raise ValueError(f"{len(slots)} slot counts for {len(self.hosts)} hosts")
-        return ",".join(f"{h.address}:{n}" for h, n in zip(self.hosts, slots) if n)
+        return ",".join(f"{h.name if names else h.address}:{n}"
+                        for h, n in zip(self.hosts, slots) if n)
+
+    def launcher_env(self):
+        """Variables that make a hydra `mpiexec` run on a host (e.g. under
+        `kerasdist-run`) start remote ranks through the host map."""
+        return {"HYDRA_LAUNCHER": "ssh", "HYDRA_LAUNCHER_EXEC": self.launcher,
+                "KD_TEST_HOSTS_MAP": self.host_map}
 
     def mpirun(self, argv, slots, timeout=120, env=None, check=False, cwd=None,
-               mpiexec=None, extra_args=()):
+               mpiexec=None, extra_args=(), names=False):
         """Runs an MPI job across the hosts with the environment's mpiexec.
 
         Ranks are placed in blocks: the first `slots[0]` ranks on host 1, the
@@ -384,6 +400,8 @@ class Cluster:
             mpiexec: The mpiexec to use. Defaults to the one next to
                 `sys.executable`.
             extra_args: More mpiexec options, placed before the program.
+            names: Give hydra host names, not addresses (its messages then
+                name the hosts).
 
         Returns:
             A `JobResult`.
@@ -395,7 +413,7 @@ class Cluster:
         launcher_host = next(i for i, n in enumerate(slots) if n)
         mpiexec = mpiexec or mpiexec_path()
         cmd = [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher,
-               "-hosts", self.hosts_arg(slots), "-n", str(total), *extra_args,
+               "-hosts", self.hosts_arg(slots, names), "-n", str(total), *extra_args,
                *[str(a) for a in argv]]
         # mpiexec runs on the first host with ranks (host 1 in every layout
         # the tests use), so that host's ranks are local to it.
@@ -432,11 +450,13 @@ class Cluster:
         return JobResult(argv, None if timed_out else proc.returncode, out or "",
                          timed_out, time.monotonic() - start)
 
-    def stray_pids(self):
-        """Processes on the hosts other than the holders (none between jobs)."""
+    def stray_pids(self, host=None, match=None):
+        """Processes on the hosts (or on one, 1-based) other than the holders
+        (none between jobs); with `match` (a list), those whose argv starts so."""
         holders = {h.pid for h in self.hosts}
-        return [p for h in self.hosts for p in _netns_pids(h.name)
-                if p not in holders and _alive(p)]
+        found = [p for h in self.hosts if host in (None, h.index)
+                 for p in _netns_pids(h.name) if p not in holders and _alive(p)]
+        return [p for p in found if match is None or _argv(p)[:len(match)] == list(match)]
 
     def kill_jobs(self):
         """Kills every process on the hosts except the holders."""
