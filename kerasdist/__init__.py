@@ -46,7 +46,7 @@ for _name in ("build_info", "cross_rank", "cross_size", "init", "is_initialized"
     _EXPORTS[_name] = "kerasdist.runtime"
 del _name
 
-__all__ = sorted(list(_EXPORTS) + ["callbacks", "data"])
+__all__ = sorted(list(_EXPORTS) + ["callbacks", "data", "elastic"])
 
 
 class _SourceCallbacksFinder:

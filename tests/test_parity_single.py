@@ -147,3 +147,61 @@ def test_broadcast_object_inside_tf_function():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         kd.allreduce(tf.ones([1]))  # op=None means Average, no warning
+
+
+def _elastic_model():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=kd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+                  loss="mse")
+    return model
+
+
+def test_elastic_commit_restore_and_restart_from_disk(tmp_path, monkeypatch):
+    model = _elastic_model()
+    state = kd.elastic.KerasState(model, batch=0, epoch=0, checkpoint_dir=tmp_path)
+    state.batch, state.epoch = 3, 1
+    state.commit()
+    committed = [w.numpy().copy() for w in model.weights]
+    assert (tmp_path / "state.pkl").exists()
+    model.fit(np.ones([4, 2]), np.ones([4, 1]), verbose=0)
+    state.batch = 9
+    state.restore()
+    assert (state.batch, state.epoch) == (3, 1)
+    for w, c in zip(model.weights, committed):
+        np.testing.assert_array_equal(w.numpy(), c)
+    # A restarted job: `run` reads the commit from disk before calling.
+    model2 = _elastic_model()
+    state2 = kd.elastic.KerasState(model2, batch=0, epoch=0, checkpoint_dir=tmp_path)
+    calls = []
+    state2.register_reset_callbacks([lambda: calls.append("reset")])
+    monkeypatch.setenv("KERASDIST_RESTART", "1")
+    seen = kd.elastic.run(lambda s: (s.epoch, s.batch))(state2)
+    assert seen == (1, 3) and calls == ["reset"]
+    for w, c in zip(model2.weights, committed):
+        np.testing.assert_array_equal(w.numpy(), c)
+    # Not a restart: the commit on disk is ignored.
+    monkeypatch.delenv("KERASDIST_RESTART")
+    state3 = kd.elastic.KerasState(_elastic_model(), batch=0, epoch=0,
+                                   checkpoint_dir=tmp_path)
+    assert kd.elastic.run(lambda s: (s.epoch, s.batch))(state3) == (0, 0)
+
+
+def test_elastic_corrupt_commit_and_callbacks(tmp_path, monkeypatch):
+    (tmp_path / "state.pkl").write_bytes(b"not a pickle")
+    state = kd.elastic.ObjectState(checkpoint_dir=tmp_path, epoch=0)
+    monkeypatch.setenv("KERASDIST_RESTART", "2")
+    with pytest.raises(RuntimeError, match="could not be restored on rank 0"):
+        kd.elastic.run(lambda s: None)(state)
+    monkeypatch.delenv("KERASDIST_RESTART")
+    with pytest.raises(ValueError, match="`batches_per_commit`"):
+        kd.elastic.CommitStateCallback(state, batches_per_commit=0)
+    model = _elastic_model()
+    kstate = kd.elastic.KerasState(model, batch=0, epoch=0, checkpoint_dir=tmp_path / "k")
+    model.fit(np.ones([8, 2]), np.ones([8, 1]), batch_size=2, epochs=2, verbose=0,
+              callbacks=[kd.elastic.UpdateEpochStateCallback(kstate),
+                         kd.elastic.UpdateBatchStateCallback(kstate),
+                         kd.elastic.CommitStateCallback(kstate, batches_per_commit=3)])
+    assert (kstate.epoch, kstate.batch) == (2, 0)
+    import pickle
+    saved = pickle.loads((tmp_path / "k" / "state.pkl").read_bytes())["state"]
+    assert saved["attrs"] == {"batch": 0, "epoch": 2}
