@@ -79,6 +79,7 @@ def read_config():
         "segment_bytes": _env_number("KERASDIST_SEGMENT_BYTES", 256 * 1024, int, 1),
         "shared_memory": _env_flag("KERASDIST_SHM", True),
         "hierarchical": _env_choice("KERASDIST_HIERARCHICAL_ALLREDUCE"),
+        "cache_capacity": _env_number("KERASDIST_CACHE_CAPACITY", 1024, int, 16),
         "timeline": os.environ.get("KERASDIST_TIMELINE", ""),
     }
 
@@ -204,6 +205,7 @@ def init(comm=None):
         _package_version().encode(),
         int(config["deadlock_s"] * 1e6),
         config["hierarchical"],
+        config["cache_capacity"],
         err,
         len(err),
     )

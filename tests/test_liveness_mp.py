@@ -62,3 +62,9 @@ def test_a_failed_process_exits_even_with_its_peer_frozen():
     assert out.returncode != 0, text[-3000:]
     assert "[rank 0] collective failed" in text and "from rank 1" in text, text[-3000:]
     assert "did not finish within 5 s; ending the process with exit code 1" in text
+
+
+def test_bounded_response_cache_stays_exact_as_names_come_and_go():
+    out = run_mpi("cache_bound.py", 3, timeout=180,
+                  env={"KERASDIST_CACHE_CAPACITY": "32"}).stdout
+    assert out.count("cache checks passed") == 3, out[-4000:]

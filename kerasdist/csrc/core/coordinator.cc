@@ -21,7 +21,7 @@ std::string RankList(const std::vector<int>& ranks) {
 }  // namespace
 
 Coordinator::Coordinator(int size, const CoordinatorOptions& options)
-    : size_(size), options_(options), joined_(size, false) {}
+    : size_(size), options_(options), joined_(size, false), seen_(size, 0) {}
 
 bool IsTransientName(const std::string& name) {
   return name.find(".noname.") != std::string::npos;
@@ -42,12 +42,14 @@ int32_t Coordinator::IdFor(const std::string& name, ResponseList* out) {
       names_.push_back(name);
       cached_meta_.emplace_back();
       announced_.push_back(false);
+      last_used_.push_back(0);
     }
     ids_.emplace(name, id);
     if (IsTransientName(name)) transient_used_.push_back(id);
   } else {
     id = it->second;
   }
+  last_used_[id] = plans_ + 1;  // the list being built
   if (!announced_[id]) {
     announced_[id] = true;
     out->new_ids.emplace_back(id, name);
@@ -67,14 +69,54 @@ void Coordinator::ReleaseTransientIds() {
   transient_used_.clear();
 }
 
+void Coordinator::EvictIfFull(ResponseList* out) {
+  const size_t cap = static_cast<size_t>(std::max<int64_t>(16, options_.cache_capacity));
+  if (ids_.size() <= cap) return;
+  // Down to 3/4 of the capacity at once, so that scans stay rare. Ids in
+  // this list, or whose names are waiting, stay.
+  std::vector<std::pair<uint64_t, int32_t>> candidates;
+  for (const auto& kv : ids_) {
+    const int32_t id = kv.second;
+    if (last_used_[id] > plans_ || pending_.count(kv.first)) continue;
+    candidates.emplace_back(last_used_[id], id);
+  }
+  std::sort(candidates.begin(), candidates.end());
+  const size_t excess = ids_.size() - cap * 3 / 4;
+  for (size_t i = 0; i < candidates.size() && i < excess; ++i) {
+    const int32_t id = candidates[i].second;
+    ids_.erase(names_[id]);
+    out->evicted.push_back(id);
+    tombstones_.emplace_back(id, plans_ + 1);
+  }
+}
+
+void Coordinator::FreeAcknowledged() {
+  uint64_t all_seen = plans_;
+  for (int r = 1; r < size_; ++r) all_seen = std::min(all_seen, seen_[r]);
+  for (size_t i = 0; i < tombstones_.size();) {
+    if (tombstones_[i].second <= all_seen) {
+      const int32_t id = tombstones_[i].first;
+      names_[id].clear();
+      names_[id].shrink_to_fit();
+      cached_meta_[id] = TensorMeta();
+      free_ids_.push_back(id);
+      tombstones_[i] = tombstones_.back();
+      tombstones_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
 void Coordinator::Submit(int rank, const RequestList& list) {
   if (list.shutdown && shutdown_rank_ < 0) shutdown_rank_ = rank;
+  seen_[rank] = std::max(seen_[rank], list.seen);
   if (!list.entries.empty()) last_activity_us_ = NowMicros();
   for (const RequestEntry& e : list.entries) {
     const std::string* name = &e.name;
     const TensorMeta* meta = &e.meta;
     if (e.id >= 0) {
-      if (static_cast<size_t>(e.id) >= names_.size()) {
+      if (static_cast<size_t>(e.id) >= names_.size() || names_[e.id].empty()) {
         abort_message_ = "internal error: rank " + std::to_string(rank) +
                          " sent unknown cache id " + std::to_string(e.id);
         return;
@@ -351,11 +393,14 @@ ResponseList Coordinator::Plan(int64_t now_us) {
   }
   if (!out.responses.empty()) last_activity_us_ = now_us;
   ReleaseTransientIds();
+  EvictIfFull(&out);
   InspectStalls(now_us, &out);
   if (shutdown_rank_ >= 0 && !out.abort) {
     out.shutdown = true;
     out.message = "rank " + std::to_string(shutdown_rank_) + " shut kerasdist down";
   }
+  if (!out.empty()) ++plans_;
+  FreeAcknowledged();
   return out;
 }
 

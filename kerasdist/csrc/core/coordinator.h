@@ -22,6 +22,9 @@ struct CoordinatorOptions {
   // Every rank waits on collectives the others have not submitted and
   // nothing new has arrived for this long: a deadlock, aborted. 0: never.
   int64_t deadlock_us = 60 * 1000000LL;
+  // Named collectives whose metadata every rank caches (id-only requests).
+  // Past this many, the least recently used are evicted.
+  int64_t cache_capacity = 1024;
 };
 
 class Coordinator {
@@ -66,6 +69,8 @@ class Coordinator {
   void InspectStalls(int64_t now_us, ResponseList* out);
   bool InspectDeadlock(int64_t now_us, ResponseList* out);
   void ReleaseTransientIds();
+  void EvictIfFull(ResponseList* out);
+  void FreeAcknowledged();
 
   int size_;
   CoordinatorOptions options_;
@@ -89,6 +94,16 @@ class Coordinator {
   // Ids of unnamed eager collectives (never repeated) are reused.
   std::vector<int32_t> free_ids_;
   std::vector<int32_t> transient_used_;
+  // LRU bound: the plan number that last used each id; evicted ids wait
+  // (still resolvable) until every rank has run the list announcing it.
+  uint64_t plans_ = 0;                        // lists with content so far
+  std::vector<uint64_t> last_used_;
+  std::vector<uint64_t> seen_;                // per rank
+  std::vector<std::pair<int32_t, uint64_t>> tombstones_;  // id, plan number
+
+ public:
+  size_t cached_names() const { return ids_.size(); }
+  size_t tombstones() const { return tombstones_.size(); }
 };
 
 // Names that kerasdist generates for unnamed eager collectives; they never

@@ -217,6 +217,7 @@ void Engine::RunLoop(Status* exit_status) {
     bool progressed = false;
     RequestList mine;
     TakeNewRequests(&mine, &progressed);
+    mine.seen = lists_run_;
     const bool ask_shutdown = mine.shutdown && !shutdown_sent;
     mine.shutdown = ask_shutdown;
     if (ask_shutdown) {
@@ -363,6 +364,7 @@ bool Engine::ResponseFits(const Response& resp) const {
 }
 
 bool Engine::Execute(const ResponseList& list, Status* exit_status) {
+  if (!list.empty()) ++lists_run_;
   for (const auto& p : list.new_ids) {
     if (static_cast<size_t>(p.first) >= id_names_.size()) id_names_.resize(p.first + 1);
     id_names_[p.first] = p.second;
@@ -422,6 +424,13 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
       inflight_.erase(r->name);
     }
   }
+  for (int32_t id : list.evicted) {
+    if (static_cast<size_t>(id) >= id_names_.size()) continue;
+    auto it = cache_.find(id_names_[id]);
+    if (it != cache_.end() && it->second.first == id) cache_.erase(it);
+    id_names_[id].clear();
+  }
+  cache_entries_.store(cache_.size());
   if (list.abort) {
     std::fprintf(stderr, "[kerasdist] ERROR: %s%s\n", Prefix().c_str(), list.message.c_str());
     *exit_status = Status(StatusCode::kAborted, Prefix() + list.message);

@@ -10,6 +10,7 @@
 // different ranks without deadlock or mismatched messages.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -81,6 +82,9 @@ class Engine {
   bool Failed();
   int rank() const { return rank_; }
   bool hierarchical() const { return local_ != nullptr; }
+  // Names in this rank's response cache (read while the engine runs: a
+  // snapshot for tests and diagnostics).
+  size_t cache_entries() const { return cache_entries_.load(); }
   int size() const { return size_; }
 
  private:
@@ -131,6 +135,8 @@ class Engine {
       control_sends_;
   Timeline timeline_;
   bool joined_ = false;
+  uint64_t lists_run_ = 0;  // response lists with content executed
+  std::atomic<size_t> cache_entries_{0};
 };
 
 }  // namespace kerasdist

@@ -131,6 +131,7 @@ std::string Serialize(const RequestList& list) {
   Writer w;
   w.Put(kRequestMagic);
   w.Put<uint8_t>(list.shutdown);
+  w.Put<uint64_t>(list.seen);
   w.Put<uint32_t>(static_cast<uint32_t>(list.entries.size()));
   for (const auto& e : list.entries) {
     w.Put(e.id);
@@ -146,7 +147,8 @@ bool Parse(const std::string& bytes, RequestList* list) {
   Reader r(bytes);
   uint32_t magic, n;
   uint8_t shutdown;
-  if (!r.Get(&magic) || magic != kRequestMagic || !r.Get(&shutdown) || !r.Get(&n))
+  if (!r.Get(&magic) || magic != kRequestMagic || !r.Get(&shutdown) ||
+      !r.Get(&list->seen) || !r.Get(&n))
     return false;
   list->shutdown = shutdown != 0;
   if (!r.CanHold(n, sizeof(int32_t))) return false;
@@ -178,6 +180,7 @@ std::string Serialize(const ResponseList& list) {
     w.Put(resp.postscale); w.PutVector(resp.rank_dim0); w.PutVector(resp.counts);
     w.Put(resp.contributors); w.PutString(resp.error);
   }
+  w.PutVector(list.evicted);
   return w.Take();
 }
 
@@ -206,6 +209,9 @@ bool Parse(const std::string& bytes, ResponseList* list) {
           r.GetString(&resp.error) && ValidResponse(resp)))
       return false;
   }
+  if (!r.GetVector(&list->evicted)) return false;
+  for (int32_t id : list->evicted)
+    if (id < 0 || id >= kMaxTensorId) return false;
   return r.done();
 }
 

@@ -41,6 +41,7 @@ struct RequestEntry {
 struct RequestList {
   std::vector<RequestEntry> entries;
   bool shutdown = false;  // this rank asks the job to shut down
+  uint64_t seen = 0;      // response lists with content this rank has run
 };
 
 struct Response {
@@ -62,11 +63,14 @@ struct Response {
 struct ResponseList {
   std::vector<std::pair<int32_t, std::string>> new_ids;  // id -> name
   std::vector<Response> responses;
+  // Cache ids evicted after this list's responses: each rank forgets them
+  // (and says so through RequestList::seen) before the id can be reused.
+  std::vector<int32_t> evicted;
   bool shutdown = false;
   bool abort = false;
   std::string message;  // why the job shuts down or aborts
   bool empty() const {
-    return new_ids.empty() && responses.empty() && !shutdown && !abort;
+    return new_ids.empty() && responses.empty() && evicted.empty() && !shutdown && !abort;
   }
 };
 

@@ -36,7 +36,7 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
                    long long init_timeout_ms, long long segment_bytes,
                    int shared_memory, const char* timeline_path,
                    const char* version, long long deadlock_us, int hierarchical,
-                   char* err,
+                   long long cache_capacity, char* err,
                    int err_len) {
   std::lock_guard<std::mutex> lock(kerasdist::g_mu);
   if (*kerasdist::g_context) return 0;  // init() twice is harmless
@@ -52,6 +52,7 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
   config.version = version ? version : "";
   config.coordinator.deadlock_us = deadlock_us;
   config.hierarchical = hierarchical;
+  config.coordinator.cache_capacity = cache_capacity;
   std::unique_ptr<Context> ctx;
   kerasdist::Status s =
       Context::Create(MPI_Comm_f2c(fortran_comm), config, init_timeout_ms, &ctx);
@@ -121,6 +122,12 @@ int kerasdist_topology(int* out) {
   out[3] = t.cross_size;
   out[4] = t.homogeneous ? 1 : 0;
   return 0;
+}
+
+// Entries in this rank's response cache, or -1 before init().
+long long kerasdist_cache_entries() {
+  auto ctx = kerasdist::CurrentContext();
+  return ctx ? static_cast<long long>(ctx->engine()->cache_entries()) : -1;
 }
 
 int kerasdist_is_initialized() { return kerasdist::CurrentContext() ? 1 : 0; }
