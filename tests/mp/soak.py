@@ -133,6 +133,25 @@ def build_plan(seed, n_ops, size):
     return steps, graphs
 
 
+def bound_names(steps, limit):
+    """Renames every fresh and unnamed eager collective to one of `limit`
+    names per kind (reused pool, morph and graph names stay). A workaround
+    for measuring RSS: each new name costs ~36 KiB that TensorFlow's eager
+    kernel cache keeps forever (see tests/mp/eager_name_rss.py)."""
+    keep = ("soak.reuse.", "soak.morph.", "soak.g")
+    for i, step in enumerate(steps):
+        specs = [step.spec] if step.kind == "single" else getattr(step, "specs", [])
+        for j, spec in enumerate(specs):
+            if spec.name is None or not spec.name.startswith(keep):
+                spec.name = f"soak.bounded.{spec.kind}.{(i * 7 + j) % limit}"
+        if step.kind == "threads":  # concurrent names must stay distinct
+            for j, spec in enumerate(step.specs):
+                if spec.name.startswith("soak.bounded."):
+                    spec.name = f"soak.bounded.t{j}.{spec.kind}.{i % limit}"
+        if step.kind in ("barrier", "object"):
+            step.name = f"soak.bounded.{step.kind}.{i % limit}"
+
+
 def build_graph_fn(specs, order):
     """A tf.function issuing `specs` built in `order`; returns outputs in
     spec order. Allgather inputs have an unknown first dimension."""
@@ -154,11 +173,14 @@ def build_graph_fn(specs, order):
 
 
 class Soak:
-    def __init__(self, seed, n_ops, progress=None, stall_seconds=90.0, only=None, log=print):
+    def __init__(self, seed, n_ops, progress=None, stall_seconds=90.0, only=None, log=print,
+                 bounded_names=None):
         self.seed, self.n_ops, self.only = seed, n_ops, only
         self.progress, self.stall_seconds, self.log = progress, stall_seconds, log
         self.size, self.rank = kd.size(), kd.rank()
         self.steps, graphs = build_plan(seed, n_ops, self.size)
+        if bounded_names:
+            bound_names(self.steps, bounded_names)
         order_rng = np.random.default_rng([seed, 0x0DE, self.rank])
         self.graph_fns = []
         for g, specs in enumerate(graphs):
@@ -266,7 +288,7 @@ class Soak:
             allowed = [r for r in everyone if step.counts[r] == top]
             if last not in allowed:
                 raise AssertionError(f"join returned {last}; the last to join is one of {allowed}")
-            lasts = kd.allgather_object(last)
+            lasts = kd.allgather_object(last, name="soak.join.lasts")
             if len(set(lasts)) != 1:
                 raise AssertionError(f"ranks disagree on the last joiner: {lasts}")
         elif step.kind == "barrier":
@@ -276,10 +298,12 @@ class Soak:
                 rng = np.random.default_rng([seed, i, 0x0B, r])
                 return {"step": i, "rank": r, "v": rng.integers(0, 1 << 40, rng.integers(0, 50)).tolist(),
                         "b": rng.bytes(int(rng.integers(0, 300)))}
+            name = getattr(step, "name", None)
             if step.what == "broadcast_object":
-                got, want = kd.broadcast_object(obj(rank), root_rank=step.root), obj(step.root)
+                got = kd.broadcast_object(obj(rank), root_rank=step.root, name=name)
+                want = obj(step.root)
             else:
-                got, want = kd.allgather_object(obj(rank)), [obj(r) for r in everyone]
+                got, want = kd.allgather_object(obj(rank), name=name), [obj(r) for r in everyone]
             if got != want:
                 raise AssertionError(f"{step.what}: got {got!r:.300}, want {want!r:.300}")
         else:
