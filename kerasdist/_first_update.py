@@ -8,7 +8,9 @@ optimizer, before its first update, the ranks agree (one tiny allreduce)
 whether every trainable variable and optimizer variable was broadcast
 already; if some rank's were not, rank 0's trainable and optimizer variables
 are broadcast. Inside a compiled step this runs eagerly while the step is
-traced, that is before the step first executes.
+traced, that is before the step first executes. (Keras first traces the
+step of a model built by its first call symbolically, before its variables
+hold values; that pass is skipped.)
 
 Not covered: non-trainable model variables (BatchNormalization's moving
 statistics), which the optimizer never sees; the callback broadcasts those.
@@ -74,11 +76,16 @@ def sync_once(optimizer, variables, local_ids=()):
     state = optimizer.__dict__
     if state.get("_kerasdist_sync_vars") is not None:
         return
-    shared = [v for v in variables if id(v) not in local_ids]
-    state["_kerasdist_sync_vars"] = shared
     from kerasdist.functions import broadcast_variables
 
     with tf.init_scope():
+        if not all(_readable(v) for v in variables):
+            # Keras' symbolic build of a model built by its first call
+            # traces the step before the variables hold values; the same
+            # check passes on every rank, and the real step comes next.
+            return
+        shared = [v for v in variables if id(v) not in local_ids]
+        state["_kerasdist_sync_vars"] = shared
         if not optimizer.built:
             optimizer.build(variables)
         everything = shared + list(optimizer.variables)
@@ -91,3 +98,11 @@ def sync_once(optimizer, variables, local_ids=()):
             broadcast_variables(everything,
                                 root_rank=state.get("_kerasdist_sync_root", 0),
                                 name="kerasdist.first_update")
+
+
+def _readable(v):
+    """Whether `v` holds its value now (eagerly)."""
+    try:
+        return tuple(tf.convert_to_tensor(v).shape) == tuple(v.shape)
+    except Exception:  # not initialized yet
+        return False

@@ -40,6 +40,13 @@ def run():
     assert_identical(weights_everywhere(model))
     log("fit replicas identical")
 
+    # A model built by its first call, inside the compiled step.
+    model = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=kd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert_identical(weights_everywhere(model))
+    log("unbuilt model replicas identical")
+
     # A custom loop: apply_gradients inside a tf.function.
     model = make_model()
     opt = kd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9))
