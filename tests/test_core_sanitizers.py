@@ -233,7 +233,7 @@ def expect_pass(out, pattern, count):
 def test_decoder_fuzz(driver):
     # Single process. Any one allocation above 64 MiB would be an ASAN error:
     # the largest message here is a few KiB.
-    rc, out = run_driver(driver, ["fuzz", 7, 300], timeout=120,
+    rc, out = run_driver(driver, ["fuzz", 7, 200], timeout=120,
                          extra_asan=":max_allocation_size_mb=64")
     assert rc == 0, out[-6000:]
     expect_pass(out, r"^PASS fuzz: ", 1)
