@@ -130,9 +130,9 @@ def _build(workdir):
     proc = subprocess.run(link, capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.fail(f"linking failed:\n{proc.stdout}{proc.stderr}"[-8000:])
-    # Keep the cache small: drop objects unused for a week.
+    # Keep the cache small: drop objects unused for two days.
     for old in glob.glob(os.path.join(CACHE, "*.o")):
-        if time.time() - os.path.getmtime(old) > 7 * 86400 and old not in objects:
+        if time.time() - os.path.getmtime(old) > 2 * 86400 and old not in objects:
             os.remove(old)
     for obj in objects:
         os.utime(obj)
