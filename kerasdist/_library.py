@@ -39,6 +39,34 @@ def built_tf_version():
     return _build_info.TF_VERSION
 
 
+def _import_mpi_bounded():
+    """Imports mpi4py.MPI (which runs MPI_Init) within a bound.
+
+    MPI_Init waits for every process of the job to start MPI; a rank that is
+    frozen or never starts would hold the others there forever, before any
+    kerasdist timeout applies. faulthandler's watchdog runs without the GIL,
+    so it fires even while MPI_Init blocks: it prints where each thread is and
+    ends the process with exit code 1 after KERASDIST_INIT_TIMEOUT_SECONDS.
+    """
+    import sys
+
+    if "mpi4py.MPI" in sys.modules:
+        return
+    import faulthandler
+
+    try:
+        bound = float(os.environ.get("KERASDIST_INIT_TIMEOUT_SECONDS") or 300)
+    except ValueError:
+        bound = 300.0  # init() reports the bad value itself
+    if not bound > 0 or bound != bound:
+        bound = 300.0
+    faulthandler.dump_traceback_later(bound, exit=True)
+    try:
+        from mpi4py import MPI  # noqa: F401
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def load():
     """Loads the op library. Returns `(ops_module, ctypes_library, path)`."""
     path = library_path()
@@ -51,7 +79,7 @@ def load():
         )
     # mpi4py must load (and initialise) libmpi before the op library, which
     # links against the same libmpi.
-    from mpi4py import MPI  # noqa: F401
+    _import_mpi_bounded()
 
     try:
         ops = tf.load_op_library(path)

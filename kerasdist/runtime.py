@@ -190,6 +190,10 @@ def init(comm=None):
         return
     config = read_config()
     mpi_comm = _resolve_comm(comm)
+    if not ctx.atexit_registered:
+        # Before the engine starts: a failed init() must bound the exit too.
+        atexit.register(_shutdown_at_exit)
+        ctx.atexit_registered = True
     err = ctypes.create_string_buffer(4096)
     rc = ctx.lib.kerasdist_init(
         mpi_comm.py2f(),
@@ -226,9 +230,6 @@ def init(comm=None):
     ctx.initialized = True
     _set_thread_pools(ctx.local_size)
     import kerasdist.ops  # noqa: F401  (registers the ops' gradients)
-    if not ctx.atexit_registered:
-        atexit.register(_shutdown_at_exit)
-        ctx.atexit_registered = True
 
 
 # How long exiting may take after a failed collective before the process

@@ -88,12 +88,17 @@ _RING_BLAME = (
     "('timed out after 5000 ms receiving 262144 bytes from rank 1'); the "
     "transfer timeout (csrc/core/mpi_transport.cc:136, WaitTransfer) names its "
     "direct peer without consulting the heartbeat verdict")
+_AFTER_SHUTDOWN = (
+    "when the victim freezes after the survivors' shutdown completed (it had "
+    "already acknowledged it), the survivors' MPI_Finalize waits for it like "
+    "for any rank still working after shutdown(): nothing tells a frozen peer "
+    "from a busy one there. Whether the freeze lands before or after the "
+    "acknowledgement is a matter of timing, so this is not strict")
 XFAIL = {
     ("mid_ring", "STOP", 3): _RING_BLAME,
-    ("before_init", "STOP"): _MPI_INIT_HANG,
-    ("in_init", "STOP"): _INIT_EXIT_HANG,
-    ("shutdown", "STOP"): _SHUTDOWN_EXIT_HANG,
+    ("shutdown", "STOP"): _AFTER_SHUTDOWN,
 }
+NOT_STRICT = {("shutdown", "STOP")}
 
 
 def _cases():
@@ -114,7 +119,8 @@ def _cases():
 def _param(case):
     reason = (XFAIL.get((case.point, case.signal, case.np))
               or XFAIL.get((case.point, case.signal)))
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    strict = (case.point, case.signal) not in NOT_STRICT
+    marks = [pytest.mark.xfail(strict=strict, reason=reason)] if reason else []
     return pytest.param(case, id=case.id, marks=marks)
 
 
@@ -160,11 +166,20 @@ def test_fault(matrix, case):
         if case.point == "shutdown" and rec["ok"]:
             continue  # Its shutdown completed before the victim froze.
         assert rec["ok"] is False, detail
+        if case.point == "in_init":
+            # MPI_Comm_idup cannot tell who is missing (a roll call beside it
+            # made MPI_Finalize hang after later aborts, so it was dropped).
+            assert "waiting for all ranks to call init()" in rec["message"], detail
+            continue
         assert _names(rec["message"], victim), detail
     if len(res.results) < case.np - 1 and case.launcher == "kdrun":
         # Torn down by the launcher: its own line names the lost rank.
         assert any(_names(line, victim) for line in res.launcher_lines()), detail
-    if not res.results:
+    if not res.results and case.point == "before_init":
+        # Frozen before MPI_Init: the survivors' bounded MPI import ends them
+        # (faulthandler's watchdog); nobody can know which rank is missing.
+        assert case.signal == "KILL" or "Timeout (" in res.output, detail
+    elif not res.results:
         assert case.signal == "KILL", detail  # Only a launcher ends them this early.
     assert res.launcher_rc not in (0, None), detail
     # Nothing of the job is left.

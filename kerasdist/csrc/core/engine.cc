@@ -184,10 +184,52 @@ void Engine::Loop() {
   } catch (...) {
     exit_status = Status(StatusCode::kInternal, Prefix() + "internal error in the engine");
   }
+  if (exit_status.code() == StatusCode::kShutdown && size_ > 1) FinishShutdown(&exit_status);
   FinishControlSends(std::min<int64_t>(2000, config_.collective.timeout_ms));
   if (transport_->Unsafe()) AbandonBuffers();
   FailAll(exit_status);
   timeline_.Close();
+}
+
+void Engine::FinishShutdown(Status* exit_status) {
+  // Every worker acknowledges the shutdown. A rank that does not (frozen, or
+  // its host gone) would make MPI_Finalize wait forever, so its silence turns
+  // this shutdown into a failure, which bounds the exit (kerasdist_exit_guard).
+  if (rank_ != 0) {
+    SendControl(0, kTagBye, std::string());
+    return;
+  }
+  std::vector<bool> acked(size_, false);
+  int missing = size_ - 1;
+  const int64_t deadline = NowMicros() + LivenessBoundUs();
+  int64_t sleep_us = 1;
+  while (missing > 0 && NowMicros() < deadline) {
+    int peer;
+    size_t bytes;
+    if (transport_->Probe(kTagBye, &peer, &bytes)) {
+      char sink[1];
+      transport_->RecvProbed(peer, kTagBye, sink, 0);
+      if (peer > 0 && peer < size_ && !acked[peer]) {
+        acked[peer] = true;
+        --missing;
+      }
+      sleep_us = 1;
+      continue;
+    }
+    FinishControlSends(0);
+    SleepMicros(sleep_us);
+    sleep_us = std::min<int64_t>(1000, sleep_us * 2);
+  }
+  if (missing == 0) return;
+  std::string who;
+  for (int r = 1; r < size_; ++r)
+    if (!acked[r]) who += (who.empty() ? "" : ", ") + DescribeRank(topology_, r);
+  *exit_status = Status(StatusCode::kAborted,
+                        Prefix() + "shut down, but " + who +
+                            " did not acknowledge it within " +
+                            std::to_string(LivenessBoundUs() / 1000000) +
+                            " s: frozen or gone");
+  std::fprintf(stderr, "[kerasdist] WARNING: %s\n", exit_status->message().c_str());
 }
 
 void Engine::AbandonBuffers() {

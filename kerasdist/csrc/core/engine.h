@@ -91,6 +91,7 @@ class Engine {
   void Loop();
   void RunLoop(Status* exit_status);
   void AbandonBuffers();
+  void FinishShutdown(Status* exit_status);
   int64_t LivenessBoundUs() const;
   // Ranks tell each other they are alive at least this often.
   static constexpr int64_t kHeartbeatUs = 1000000;

@@ -22,6 +22,7 @@ enum Tag : int {
   kTagRequest = 1,   // worker -> coordinator request lists
   kTagResponse = 2,  // coordinator -> worker response lists
   kTagData = 3,      // collective payloads
+  kTagBye = 4,       // worker -> coordinator: shutdown acknowledged
 };
 
 class Transfer {

@@ -57,6 +57,9 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
   kerasdist::Status s =
       Context::Create(MPI_Comm_f2c(fortran_comm), config, init_timeout_ms, &ctx);
   if (!s.ok()) {
+    // MPI may still hold requests of the failed setup (a pending
+    // MPI_Comm_idup), on which MPI_Finalize would wait: bound the exit.
+    kerasdist::g_failed = true;
     std::strncpy(err, s.message().c_str(), err_len - 1);
     err[err_len - 1] = '\0';
     return 1;
