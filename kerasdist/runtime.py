@@ -32,12 +32,19 @@ class Context:
         self.name_counters = {}
         self.atexit_registered = False
 
+    # Unnamed eager collectives cycle through this many names. TensorFlow
+    # keeps one eager kernel per distinct `tensor_name` attribute (about
+    # 36 KiB each), so a fresh name per call grew memory without bound. An
+    # eager call returns only once every rank has run it, so by the time a
+    # name comes round again its previous use has finished everywhere.
+    NONAME_POOL = 64
+
     def next_name(self, kind):
         """A name for an unnamed eager collective; equal across ranks that
         issue the same sequence of calls."""
         n = self.name_counters.get(kind, 0)
         self.name_counters[kind] = n + 1
-        return f"{kind}.noname.{n}"
+        return f"{kind}.noname.{n % self.NONAME_POOL}"
 
 
 context = Context()

@@ -81,7 +81,10 @@ class MpiTransfer : public Transfer {
     const int64_t deadline = owner_->CancelDeadline();
     for (auto& r : requests_) {
       if (r == MPI_REQUEST_NULL) continue;
-      MPI_Cancel(&r);
+      // Sends are never cancelled (deprecated in MPI-4, and MPICH's UCX
+      // path crashes on it): a send is given the same bounded chance to
+      // finish, then left to MPI.
+      if (!is_send()) MPI_Cancel(&r);
       int flag = 0;
       while (true) {
         if (MPI_Test(&r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) break;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 namespace kerasdist {
 
@@ -78,8 +80,24 @@ uint16_t FloatToBFloat16(float f) {
 
 namespace {
 
-struct Sum { template <typename T> T operator()(T a, T b) const { return a + b; } };
-struct Prod { template <typename T> T operator()(T a, T b) const { return a * b; } };
+// Integer sums and products wrap modulo 2^bits, as numpy's do; signed
+// overflow is undefined in C++, so they are computed in the unsigned type.
+template <typename T, bool = std::is_integral<T>::value>
+struct WrapOf { using type = T; };
+template <typename T>
+struct WrapOf<T, true> { using type = std::make_unsigned_t<T>; };
+template <typename T>
+using Wrap = typename WrapOf<T>::type;
+struct Sum {
+  template <typename T> T operator()(T a, T b) const {
+    return static_cast<T>(static_cast<Wrap<T>>(a) + static_cast<Wrap<T>>(b));
+  }
+};
+struct Prod {
+  template <typename T> T operator()(T a, T b) const {
+    return static_cast<T>(static_cast<Wrap<T>>(a) * static_cast<Wrap<T>>(b));
+  }
+};
 struct Min { template <typename T> T operator()(T a, T b) const { return b < a ? b : a; } };
 struct Max { template <typename T> T operator()(T a, T b) const { return a < b ? b : a; } };
 
@@ -147,8 +165,17 @@ void ScaleT(T* dst, const T* src, size_t n, double factor) {
     const T f = static_cast<T>(factor);
     for (size_t i = 0; i < n; ++i) dst[i] = src[i] * f;
   } else {
-    for (size_t i = 0; i < n; ++i)
-      dst[i] = static_cast<T>(static_cast<double>(src[i]) * factor);
+    // Scaled integers saturate at the type's range (a float-to-integer
+    // conversion out of range is undefined); NaN becomes 0.
+    constexpr double lo = static_cast<double>(std::numeric_limits<T>::min());
+    constexpr double hi = static_cast<double>(std::numeric_limits<T>::max());
+    for (size_t i = 0; i < n; ++i) {
+      const double v = static_cast<double>(src[i]) * factor;
+      dst[i] = v != v ? T(0)
+               : v <= lo ? std::numeric_limits<T>::min()
+               : v >= hi ? std::numeric_limits<T>::max()
+                         : static_cast<T>(v);
+    }
   }
 }
 

@@ -16,7 +16,7 @@ void ReduceInto(void* dst, const void* src, size_t count, DataType dtype,
                 ReduceOp op);
 
 // buf[i] *= factor. Integers are multiplied in double and truncated toward
-// zero. A factor of exactly 1.0 is a no-op.
+// zero, saturating at the type's range. A factor of exactly 1.0 is a no-op.
 void ScaleInPlace(void* buf, size_t count, DataType dtype, double factor);
 
 // dst[i] = src[i] * factor (a copy that applies a prescale on the way).
