@@ -67,10 +67,17 @@ class Status {
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  // The peer a failed transfer waited on, or -1.
+  int peer() const { return peer_; }
+  Status& set_peer(int peer) {
+    peer_ = peer;
+    return *this;
+  }
 
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  int peer_ = -1;
 };
 
 // Number of elements of a shape (product of dims; 1 for a scalar).

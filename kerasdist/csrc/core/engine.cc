@@ -450,10 +450,14 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
       s = RunResponse(resp, reqs);
       if (!s.ok()) {
         // A failed transfer leaves the ranks out of step: stop the engine.
+        std::string where;
+        if (s.peer() >= 0 && static_cast<size_t>(s.peer()) < topology_.hosts.size())
+          where = " (host " + topology_.hosts[s.peer()] +
+                  "; if it is alive, it is itself waiting on another rank)";
         *exit_status = Status(s.code() == StatusCode::kTimeout ? StatusCode::kTimeout
                                                                : StatusCode::kAborted,
-                              Prefix() + s.message() + " in " + OpTypeName(resp.type) +
-                                  " '" + JoinNames(reqs) + "'");
+                              Prefix() + s.message() + where + " in " +
+                                  OpTypeName(resp.type) + " '" + JoinNames(reqs) + "'");
         return false;
       }
     }

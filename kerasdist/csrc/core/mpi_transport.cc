@@ -140,7 +140,8 @@ Status WaitTransfer(Transfer* t, int64_t timeout_ms) {
                         (t->is_send() ? "sending " : "receiving ") +
                         std::to_string(t->bytes()) + " bytes " +
                         (t->is_send() ? "to" : "from") + " rank " +
-                        std::to_string(t->peer()));
+                        std::to_string(t->peer()))
+          .set_peer(t->peer());
     }
     // Every Test() drives the MPI progress engine, and a transfer that MPI
     // moves through shared memory in small fragments advances only while we
