@@ -24,34 +24,56 @@ from kerasdist import ops
 
 # id(variable) -> variable, for the variables broadcast so far.
 _BROADCAST = weakref.WeakValueDictionary()
-# Every DistributedOptimizer, in creation order (the same on every rank).
+# Every DistributedOptimizer as (creation number, weak reference); the
+# numbers agree across ranks that create their optimizers in the same order.
 _OPTIMIZERS = []
+_CREATED = [0]
 
 
 def register(optimizer):
     """Records a new distributed optimizer (for `broadcast_global_variables`)."""
-    if not any(ref() is optimizer for ref in _OPTIMIZERS):
-        _OPTIMIZERS[:] = [ref for ref in _OPTIMIZERS if ref() is not None]
-        _OPTIMIZERS.append(weakref.ref(optimizer))
+    if any(ref() is optimizer for _, ref in _OPTIMIZERS):
+        return
+    _OPTIMIZERS[:] = [(n, ref) for n, ref in _OPTIMIZERS if ref() is not None]
+    _OPTIMIZERS.append((_CREATED[0], weakref.ref(optimizer)))
+    _CREATED[0] += 1
 
 
 def broadcast_global_variables(root_rank):
     """Broadcasts the state of every distributed optimizer's model from
     `root_rank`: now for those that have updated (their trainable variables
-    are known), at their first update for the others."""
-    from kerasdist.functions import broadcast_variables
+    are known), at their first update for the others.
 
-    for i, ref in enumerate(list(_OPTIMIZERS)):
+    Optimizers are garbage-collected at different times on different ranks,
+    so the ranks first agree on the optimizers alive everywhere (by creation
+    number) and whether each has updated.
+    """
+    from kerasdist.functions import allgather_object, broadcast_variables
+
+    alive = {}
+    for n, ref in _OPTIMIZERS:
         opt = ref()
-        if opt is None:
-            continue
-        known = opt.__dict__.get("_kerasdist_sync_vars")
-        if known is None:
+        if opt is not None:
+            alive[n] = opt
+    mine = {n: opt.__dict__.get("_kerasdist_sync_vars") is not None
+            for n, opt in alive.items()}
+    everyone = allgather_object(mine, name="kerasdist.broadcast_global_variables")
+    common = sorted(set.intersection(*(set(m) for m in everyone)))
+    for n in common:
+        known = {m[n] for m in everyone}
+        if len(known) > 1:
+            raise RuntimeError(
+                "broadcast_global_variables: the ranks disagree whether "
+                f"DistributedOptimizer #{n} has made its first update; every "
+                "rank must run the same training steps.")
+        opt = alive[n]
+        if known.pop():
+            broadcast_variables(
+                list(opt.__dict__["_kerasdist_sync_vars"]) + list(opt.variables),
+                root_rank, name=f"kerasdist.broadcast_global_variables.{n}")
+        else:
             opt.__dict__["_kerasdist_sync_root"] = root_rank
             opt.__dict__["_kerasdist_force_sync"] = True
-        else:
-            broadcast_variables(list(known) + list(opt.variables), root_rank,
-                                name=f"kerasdist.broadcast_global_variables.{i}")
 
 
 def mark_broadcast(variables):
