@@ -25,7 +25,7 @@ Status Context::Create(MPI_Comm comm, const EngineConfig& config,
   // The hierarchical allreduce also sends along each host's own ring, whose
   // wrap-around link is not a world-ring link.
   int also_right = -1;
-  if (config.hierarchical != 0 && HierarchyUseful(topology)) {
+  if (UseHierarchical(config.hierarchical, topology)) {
     const auto& local = topology.local_ranks;
     also_right = local[(topology.local_rank + 1) % local.size()];
   }

@@ -37,9 +37,7 @@ Engine::Engine(std::unique_ptr<Transport> transport, const EngineConfig& config,
       rank_(transport_->rank()),
       size_(transport_->size()) {
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, config_.coordinator);
-  // Every rank decides from the same topology and setting (both agreed at
-  // init), so all take the same algorithm.
-  if (config_.hierarchical != 0 && HierarchyUseful(topology_)) {
+  if (UseHierarchical(config_.hierarchical, topology_)) {
     local_ = std::make_unique<GroupTransport>(transport_.get(), topology_.local_ranks);
     cross_ = std::make_unique<GroupTransport>(transport_.get(), CrossRanks(topology_));
   } else if (config_.hierarchical == 1 && rank_ == 0) {

@@ -31,8 +31,8 @@ std::unique_ptr<Transfer> GroupTransport::IrecvReduce(int peer, int tag, void* d
   return parent_->IrecvReduce(ranks_[peer], tag, dest, bytes, dtype, op);
 }
 
-bool HierarchyUseful(const Topology& t) {
-  return t.homogeneous && t.local_size > 1 && t.size > t.local_size;
+bool UseHierarchical(int setting, const Topology& t) {
+  return setting != 0 && t.homogeneous && t.local_size > 1 && t.size > t.local_size;
 }
 
 std::vector<int> CrossRanks(const Topology& t) {

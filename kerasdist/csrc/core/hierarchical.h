@@ -48,9 +48,12 @@ class GroupTransport : public Transport {
   int me_ = 0;
 };
 
-// Whether the hierarchical algorithm applies: several hosts, several ranks
-// on each, and the same number on every host.
-bool HierarchyUseful(const Topology& topology);
+// Whether allreduces take the hierarchical algorithm, for the setting
+// KERASDIST_HIERARCHICAL_ALLREDUCE (-1 auto, 0 off, 1 on): never when off,
+// otherwise where the layout allows it (several hosts, several ranks on each,
+// the same number on every host). Every rank decides alike: the setting and
+// the topology are agreed at init.
+bool UseHierarchical(int setting, const Topology& topology);
 
 // The ranks of this rank's host, and the ranks with its local rank, in
 // world-rank order.
