@@ -87,6 +87,9 @@ def read_config():
         "shared_memory": _env_flag("KERASDIST_SHM", True),
         "hierarchical": _env_choice("KERASDIST_HIERARCHICAL_ALLREDUCE"),
         "cache_capacity": _env_number("KERASDIST_CACHE_CAPACITY", 1024, int, 16),
+        "small_allreduce_bytes": _env_number(
+            "KERASDIST_SMALL_ALLREDUCE_BYTES", 32 * 1024, int, 0
+        ),
         "timeline": os.environ.get("KERASDIST_TIMELINE", ""),
     }
 
@@ -217,6 +220,7 @@ def init(comm=None):
         int(config["deadlock_s"] * 1e6),
         config["hierarchical"],
         config["cache_capacity"],
+        config["small_allreduce_bytes"],
         err,
         len(err),
     )

@@ -239,10 +239,15 @@ def test_decoder_fuzz(driver):
     expect_pass(out, r"^PASS fuzz: ", 1)
 
 
-@pytest.mark.parametrize("np, shm", [(2, True), (3, True), (3, False)],
-                         ids=["np2-shm", "np3-shm", "np3-mpi"])
-def test_sweep_and_soak(driver, np, shm):
-    args = ["collectives", 11 + np] + ([] if shm else ["--no-shm"])
+@pytest.mark.parametrize("np, shm, small_rd", [(2, True, False), (3, True, False),
+                                               (3, False, False), (3, True, True)],
+                         ids=["np2-shm", "np3-shm", "np3-mpi", "np3-shm-recursive-doubling"])
+def test_sweep_and_soak(driver, np, shm, small_rd):
+    # Allreduces up to 32 KiB take the small-buffer algorithm: a direct
+    # exchange, or with --small-rd recursive doubling (at np=3 with its extra
+    # rank's steps before and after).
+    args = (["collectives", 11 + np] + ([] if shm else ["--no-shm"]) +
+            (["--small-rd"] if small_rd else []))
     rc, out = run_driver(driver, args, np=np, timeout=240)
     assert rc == 0, out[-6000:]
     expect_pass(out, r"^PASS sweep rank \d+: \d+ collectives", np)

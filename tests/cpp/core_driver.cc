@@ -3,7 +3,8 @@
 // and run under the environment's mpiexec.
 //
 //   core_driver fuzz [seed] [iterations]         decoder fuzzing, no MPI
-//   core_driver collectives [seed] [--no-shm]    sweep, then the soak
+//   core_driver collectives [seed] [--no-shm] [--small-rd]
+//                                                sweep, then the soak
 //   core_driver faults [--no-shm]                mismatch, duplicate, recreate
 //   core_driver sigstop [--no-shm]               np=2: rank 1 freezes itself
 //   core_driver overflow | overflow-prescale     integer overflow cases
@@ -70,7 +71,10 @@ int main(int argc, char** argv) {
   const double t0 = Now();
   if (mode == "collectives") {
     const uint64_t seed = Positional(argc, argv, 0, 1);
-    auto ctx = kdt::CreateContext(kdt::DriverConfig(shm));
+    kerasdist::EngineConfig config = kdt::DriverConfig(shm);
+    // --small-rd: small allreduces by recursive doubling even on few ranks.
+    if (HasFlag(argc, argv, "--small-rd")) config.collective.small_direct_max_ranks = 1;
+    auto ctx = kdt::CreateContext(config);
     std::printf("rank %d/%d transport %s\n", rank, size, ctx->transport_name().c_str());
     int n = kdt::RunSweep(ctx->engine(), rank, size);
     std::printf("PASS sweep rank %d: %d collectives in %.1f s\n", rank, n, Now() - t0);

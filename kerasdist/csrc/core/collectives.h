@@ -30,6 +30,12 @@ struct CollectiveOptions {
   size_t segment_bytes = 256 * 1024;  // bytes per message on the wire
   int segments_in_flight = 4;         // receives posted ahead
   int64_t timeout_ms = 60000;         // bound on every single wait
+  // Allreduces of at most this many bytes take SmallAllreduce; 0: never.
+  size_t small_allreduce_bytes = 32 * 1024;
+  // Up to this many ranks the small allreduce is a direct exchange, beyond
+  // it recursive doubling (tests lower it to run recursive doubling on few
+  // ranks). Every rank must use the same value.
+  int small_direct_max_ranks = 4;
 };
 
 // Phase boundaries, in NowMicros() time, for the timeline.
@@ -58,6 +64,17 @@ Status RingAllreducePhases(Transport* transport, void* buf, size_t count,
                            bool reduce_scatter, bool allgather);
 int RingOwnedChunk(int rank, int size);
 void RingChunk(size_t count, int size, int chunk, size_t* offset, size_t* elems);
+
+// In-place allreduce for small buffers, in fewer message latencies than the
+// ring: a direct exchange (one step) up to 4 ranks, recursive doubling
+// (about log2 N steps) beyond. Every rank sends (N-1) x bytes (direct) or
+// about log2(N) x bytes, so it only pays below a few tens of KiB. Same
+// contract and result layout as RingAllreduce; replicas are bit-identical.
+Status SmallAllreduce(Transport* transport, void* buf, size_t count, DataType dtype,
+                      ReduceOp op, const CollectiveOptions& options,
+                      std::vector<char>* scratch, RingTimes* times);
+// Whether an allreduce of `bytes` on `size` ranks takes SmallAllreduce.
+bool UseSmallAllreduce(size_t bytes, int size, const CollectiveOptions& options);
 
 // In-place ring allgather of per-rank blocks of different sizes. On entry,
 // rank r's block lies at byte offset block_offsets[r] of `buf`; on return all

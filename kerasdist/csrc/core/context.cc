@@ -18,6 +18,7 @@ Status Context::Create(MPI_Comm comm, const EngineConfig& config,
   wire.fusion_threshold = config.coordinator.fusion_threshold_bytes;
   wire.cycle_time_us = config.coordinator.cycle_time_us;
   wire.hierarchical = config.hierarchical;
+  wire.small_allreduce_bytes = static_cast<int64_t>(config.collective.small_allreduce_bytes);
   Topology topology;
   s = ExchangeSetup(mpi.get(), wire, init_timeout_ms, &topology);
   if (!s.ok()) return s;

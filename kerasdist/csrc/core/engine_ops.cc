@@ -62,7 +62,10 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
   }
   const int64_t t1 = NowMicros();
   RingTimes times;
-  Status s = local_ ? HierarchicalAllreduce(local_.get(), cross_.get(), buf, total, acc,
+  Status s = UseSmallAllreduce(total * acc_elem, size_, config_.collective)
+                 ? SmallAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
+                                  config_.collective, &scratch_, &times)
+             : local_ ? HierarchicalAllreduce(local_.get(), cross_.get(), buf, total, acc,
                                             resp.reduce_op, config_.collective, &scratch_,
                                             &times)
                    : RingAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,

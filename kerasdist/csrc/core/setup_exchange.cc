@@ -19,6 +19,7 @@ struct Record {
   int64_t segment_bytes;
   int64_t fusion_threshold;
   int64_t cycle_time_us;
+  int64_t small_allreduce_bytes;
   int32_t hierarchical;
   char host[128];
 };
@@ -60,6 +61,7 @@ Status ExchangeSetup(MpiTransport* mpi, const WireSettings& mine,
   rec.segment_bytes = mine.segment_bytes;
   rec.fusion_threshold = mine.fusion_threshold;
   rec.cycle_time_us = mine.cycle_time_us;
+  rec.small_allreduce_bytes = mine.small_allreduce_bytes;
   rec.hierarchical = mine.hierarchical;
   if (gethostname(rec.host, sizeof(rec.host) - 1) != 0) std::strcpy(rec.host, "unknown");
   const int n = mpi->size();
@@ -85,6 +87,8 @@ Status ExchangeSetup(MpiTransport* mpi, const WireSettings& mine,
                    [](const Record& x) { return x.fusion_threshold; }, &diff);
   Compare<int64_t>(all, "KERASDIST_CYCLE_TIME (in microseconds)",
                    [](const Record& x) { return x.cycle_time_us; }, &diff);
+  Compare<int64_t>(all, "KERASDIST_SMALL_ALLREDUCE_BYTES",
+                   [](const Record& x) { return x.small_allreduce_bytes; }, &diff);
   Compare<int32_t>(all, "KERASDIST_HIERARCHICAL_ALLREDUCE",
                    [](const Record& x) { return x.hierarchical; }, &diff);
   if (!diff.empty()) {
