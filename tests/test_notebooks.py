@@ -12,27 +12,35 @@ points to. So the test writes its own kernelspec, whose command is
 on `JUPYTER_PATH`: nothing is installed into the environment or the home
 directory, and a stale or foreign kernelspec cannot be picked up.
 
-Requires `nbclient`, `nbformat`, `ipykernel` and `matplotlib` (skipped
-otherwise).
+The notebooks are committed executed, with their outputs and plots (saved
+by `python notebooks/execute_notebooks.py`, at their full settings), so that
+a reader sees them without running anything. The run here ignores those
+outputs (it clears them first), and `test_committed_outputs` checks the
+committed files: every code cell executed, in order, in one run; at least
+one PNG plot; no error output; no machine-specific paths; no megabytes of
+logs; and the code is the code that was executed (its digest, recorded by
+the script). A plot cell must also plot in the fresh run.
+
+Running requires `nbclient`, `nbformat`, `ipykernel` and `matplotlib`
+(skipped otherwise); the checks of the committed files need none of them.
 """
 
+import hashlib
 import json
 import os
 import sys
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
-pytest.importorskip("matplotlib")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
-NOTEBOOKS_DIR = os.path.join(os.path.dirname(HERE), "notebooks")
+REPO_DIR = os.path.dirname(HERE)
+NOTEBOOKS_DIR = os.path.join(REPO_DIR, "notebooks")
 NOTEBOOKS = sorted(name for name in os.listdir(NOTEBOOKS_DIR)
                    if name.endswith(".ipynb")) if os.path.isdir(NOTEBOOKS_DIR) else []
 KERNEL_NAME = "kerasdist-test-python"
 CELL_TIMEOUT = 600  # seconds, per cell
+MAX_NOTEBOOK_BYTES = 1024 * 1024  # a committed notebook, plots included
+MAX_STREAM_CHARS = 20_000  # one cell's printed text (no progress-bar spam)
 
 
 def write_kernelspec(jupyter_dir):
@@ -53,8 +61,66 @@ def test_notebooks_found():
     assert {"mnist_quickstart.ipynb", "mnist_timeline.ipynb"} <= set(NOTEBOOKS)
 
 
+def code_digest(nb):
+    """The sha256 of the notebook's code (as notebooks/execute_notebooks.py
+    records it in the metadata when it saves the outputs)."""
+    code = [cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            for cell in nb["cells"] if cell["cell_type"] == "code"]  # (a file has lists of lines)
+    return hashlib.sha256(json.dumps(code).encode("utf-8")).hexdigest()
+
+
+def png_cells(cells):
+    """Indices of the code cells with a PNG output."""
+    return [i for i, cell in enumerate(cells) if cell["cell_type"] == "code"
+            and any("image/png" in out.get("data", {}) for out in cell.get("outputs", []))]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_outputs(name):
+    """The committed notebook carries the outputs of one full, clean run."""
+    path = os.path.join(NOTEBOOKS_DIR, name)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    nb = json.loads(text)
+    code = [cell for cell in nb["cells"] if cell["cell_type"] == "code"]
+    redo = "; run `python notebooks/execute_notebooks.py` and commit the result"
+    # Every code cell executed, top to bottom, in one kernel.
+    counts = [cell.get("execution_count") for cell in code]
+    assert counts == list(range(1, len(code) + 1)), (
+        f"{name}: execution counts {counts}, not 1 to {len(code)}: the notebook "
+        f"is not committed executed in one run{redo}")
+    executed = nb["metadata"].get("kerasdist", {}).get("executed_code_sha256")
+    assert executed == code_digest(nb), (
+        f"{name}: its code is not the code its outputs come from{redo}")
+    outputs = [out for cell in code for out in cell.get("outputs", [])]
+    assert outputs, f"{name} is committed without outputs{redo}"
+    assert png_cells(nb["cells"]), f"{name} is committed without a plot{redo}"
+    errors = [f"{out.get('ename')}: {out.get('evalue')}" for out in outputs
+              if out["output_type"] == "error"]
+    assert not errors, f"{name} is committed with errors: {errors}"
+    tracebacks = [out for out in outputs if out["output_type"] == "stream"
+                  and "Traceback (most recent call last)" in "".join(out["text"])]
+    assert not tracebacks, f"{name} is committed with a traceback in its output"
+    # No logs from a long run, nothing from the machine it ran on.
+    assert len(text.encode("utf-8")) <= MAX_NOTEBOOK_BYTES, (
+        f"{name} is {len(text) / 1024:.0f} KiB")
+    for i, cell in enumerate(code):
+        printed = sum(len("".join(out["text"])) for out in cell.get("outputs", [])
+                      if out["output_type"] == "stream")
+        assert printed <= MAX_STREAM_CHARS, (
+            f"{name}: code cell {i + 1} prints {printed} characters")
+    assert nb["metadata"]["kernelspec"]["name"] == "python3", nb["metadata"]["kernelspec"]
+    assert REPO_DIR not in text, f"{name} holds the path {REPO_DIR}"
+    if sys.prefix != sys.base_prefix:  # a virtual environment's path, e.g. .venv
+        assert sys.prefix not in text, f"{name} holds the path {sys.prefix}"
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs(name, tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    pytest.importorskip("matplotlib")
     jupyter_dir = str(tmp_path / "jupyter")
     write_kernelspec(jupyter_dir)
     # The kernel inherits this environment.
@@ -69,6 +135,11 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
 
     with open(os.path.join(NOTEBOOKS_DIR, name), encoding="utf-8") as f:
         nb = nbformat.read(f, as_version=4)
+    committed_plots = png_cells(nb.cells)
+    for cell in nb.cells:  # From scratch: nothing of the committed run is kept.
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
     client = nbclient.NotebookClient(
         nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL_NAME,
         # On a timeout, interrupt the cell (KeyboardInterrupt): kd.run then
@@ -84,3 +155,8 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     assert not [out for out in outputs if out.output_type == "error"]
     assert any(out.output_type == "display_data" and "image/png" in out.data
                for out in outputs), f"{name} shows no plot"
+    # The cells that plot in the committed notebook plot here too (a stale
+    # committed notebook, or a plot lost on the way, fails).
+    assert png_cells(nb.cells) == committed_plots, (
+        f"{name}: code cells {png_cells(nb.cells)} plot in this run, "
+        f"{committed_plots} in the committed notebook")
