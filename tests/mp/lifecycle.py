@@ -47,12 +47,15 @@ def run():
             step([tf.ones([100]) for _ in range(4)])
         # Eager grouped_allreduce reaches the engine as one batch: fused.
         kd.grouped_allreduce([tf.ones([100]) for _ in range(4)], name="eg")
+        # Past KERASDIST_SMALL_ALLREDUCE_BYTES (32 KiB) the ring runs.
+        kd.allreduce(tf.ones([16384]), name="big")
         kd.shutdown()  # closes the file
         if r == 0:
             with open(path) as f:
                 events = json.load(f)
             names = {e["name"] for e in events}
-            for want in ("ring_reduce_scatter", "ring_allgather", "memcpy_in_fusion_buffer"):
+            for want in ("small_allreduce", "ring_reduce_scatter", "ring_allgather",
+                         "memcpy_in_fusion_buffer"):
                 assert want in names, (want, names)
             assert any(e.get("args", {}).get("tensors", "").startswith("tl.") for e in events)
             negotiations = [e for e in events if e.get("tid") == 1 and e["name"] == "tl.0"]

@@ -62,8 +62,8 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
   }
   const int64_t t1 = NowMicros();
   RingTimes times;
-  Status s = UseSmallAllreduce(total * acc_elem, size_, config_.collective)
-                 ? SmallAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
+  const bool small = UseSmallAllreduce(total * acc_elem, size_, config_.collective);
+  Status s = small ? SmallAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
                                   config_.collective, &scratch_, &times)
              : local_ ? HierarchicalAllreduce(local_.get(), cross_.get(), buf, total, acc,
                                             resp.reduce_op, config_.collective, &scratch_,
@@ -89,9 +89,14 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
     const std::string names = JoinNames(reqs);
     const int64_t t3 = NowMicros();
     timeline_.Event(single ? "copy_in" : "memcpy_in_fusion_buffer", kRowCopies, t0, t1, names);
-    timeline_.Event("ring_reduce_scatter", kRowCollective, times.start,
-                    times.reduce_scatter_end, names);
-    timeline_.Event("ring_allgather", kRowCollective, times.reduce_scatter_end, times.end, names);
+    if (small) {
+      timeline_.Event("small_allreduce", kRowCollective, times.start, times.end, names);
+    } else {
+      timeline_.Event("ring_reduce_scatter", kRowCollective, times.start,
+                      times.reduce_scatter_end, names);
+      timeline_.Event("ring_allgather", kRowCollective, times.reduce_scatter_end, times.end,
+                      names);
+    }
     if (!single) timeline_.Event("memcpy_out_fusion_buffer", kRowCopies, t2, t3, names);
   }
   return Status::OK();

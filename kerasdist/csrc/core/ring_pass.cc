@@ -107,6 +107,12 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
   bool switched = false;
   for (size_t k = 0; k < recvs.size(); ++k) {
     const SegmentRecv& e = recvs[k];
+    if (!steps[e.step].reduce && !switched) {
+      // The allgather starts when this rank begins waiting for its first
+      // segment, not when that segment has arrived.
+      switched = true;
+      if (phase_switch_time) *phase_switch_time = NowMicros();
+    }
     Status s = WaitTransfer(inflight[k % window].get(), options.timeout_ms);
     if (!s.ok()) {
       cancel_all();
@@ -118,10 +124,6 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
                  e.bytes / elem, dtype, op);
     } else if (!fused_reduce) {
       std::memcpy(buf + e.offset, scratch->data() + (k % window) * seg_bytes, e.bytes);
-    }
-    if (!steps[e.step].reduce && !switched) {
-      switched = true;
-      if (phase_switch_time) *phase_switch_time = NowMicros();
     }
     if (static_cast<size_t>(e.step) + 1 < steps.size()) {
       sends[e.offset].push_back(
