@@ -267,6 +267,7 @@ int RunSweep(kerasdist::Engine* e, int rank, int size) {
   BroadcastSweep(e, rank, size, &n);
   GroupedSweep(e, rank, size, &n);
   for (int round = 0; round < 2; ++round) JoinRound(e, rank, size, round, &n);
+  n += RunScatterSweep(e, rank, size);  // scatter.cc
   Barrier(e, "sweep.end");
   return n + 2;
 }
