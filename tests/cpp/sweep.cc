@@ -1,6 +1,7 @@
 // The collective sweep: every dtype and op of allreduce over edge sizes,
 // ragged allgathers, broadcasts from every root, fused batches, barrier and
-// join, each checked bit for bit against the reference.
+// join (then the reducescatter and alltoall sweep of scatter.cc), each
+// checked bit for bit against the reference.
 #include <string>
 #include <vector>
 
