@@ -35,6 +35,9 @@ _EXPORTS = {
 for _name in ("Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce",
               "barrier", "broadcast", "grouped_allreduce", "join"):
     _EXPORTS[_name] = "kerasdist.ops"
+for _name in ("alltoall", "broadcast_", "grouped_allgather", "grouped_reducescatter",
+              "reducescatter"):
+    _EXPORTS[_name] = "kerasdist.collectives"
 for _name in ("rank_op", "local_rank_op", "size_op", "local_size_op",
               "process_set_included_op", "is_homogeneous", "mpi_threads_supported",
               "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",

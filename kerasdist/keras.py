@@ -2,11 +2,10 @@
 
 `import kerasdist.keras as hvd` gives the names of `import kerasdist as hvd`
 (`DistributedOptimizer`, `callbacks`, `init`, ...) except that, as in
-Horovod's Keras module, `allreduce`, `allgather` and `broadcast` work on
-values: they take numpy arrays (or anything `np.asarray` accepts) and return
-numpy arrays. `load_model` and `broadcast_global_variables` have Horovod's
-Keras signatures. Horovod's `reducescatter` is absent: the engine has no
-reduce-scatter collective yet.
+Horovod's Keras module, `allreduce`, `allgather`, `broadcast` and
+`reducescatter` work on values: they take numpy arrays (or anything
+`np.asarray` accepts) and return numpy arrays. `load_model` and
+`broadcast_global_variables` have Horovod's Keras signatures.
 """
 
 import numpy as np
@@ -15,6 +14,7 @@ import tensorflow as tf
 from kerasdist import *  # noqa: F401,F403
 from kerasdist import callbacks  # noqa: F401
 from kerasdist import _first_update
+from kerasdist import collectives as _collectives
 from kerasdist import ops as _ops
 from kerasdist.compression import Compression
 from kerasdist.optimizer import load_model  # noqa: F401  (Horovod's signature)
@@ -82,6 +82,28 @@ def broadcast(value, root_rank, name=None):
         A numpy array.
     """
     return _numpy(_ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name))
+
+
+def reducescatter(value, name=None, op=_ops.Average):
+    """Reduces a value over all ranks and returns this rank's rows, as a
+    numpy array.
+
+    Args:
+        value: A numpy array (or tensor) with at least one dimension, of the
+            same shape on every rank.
+        name: Name that matches this collective across ranks. Defaults to
+            `None`.
+        op: `kerasdist.Average` or `kerasdist.Sum`. Defaults to `Average`.
+
+    Returns:
+        A numpy array: this rank's rows of the result (the first `d % size`
+        ranks get one row more, as in Horovod).
+
+    Example:
+
+    >>> hvd.reducescatter(np.ones([4, 2]), op=hvd.Sum)
+    """
+    return _numpy(_collectives.reducescatter(tf.convert_to_tensor(value), op=op, name=name))
 
 
 def broadcast_global_variables(root_rank):

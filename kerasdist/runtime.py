@@ -241,6 +241,7 @@ def init(comm=None):
     ctx.initialized = True
     _set_thread_pools(ctx.local_size)
     import kerasdist.ops  # noqa: F401  (registers the ops' gradients)
+    import kerasdist.collectives  # noqa: F401  (and these)
 
 
 # How long exiting may take after a failed collective before the process

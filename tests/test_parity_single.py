@@ -107,7 +107,7 @@ def test_keras_module_values_are_numpy():
     assert isinstance(hvdk.allgather(np.ones([2, 1])), np.ndarray)
     assert hvdk.broadcast(np.array([5]), 0).tolist() == [5]
     hvdk.broadcast_global_variables(0)
-    assert not hasattr(hvdk, "reducescatter")
+    assert hvdk.reducescatter(np.array([[1.0], [2.0]]), op=hvdk.Sum).tolist() == [[1.0], [2.0]]
     assert hvdk.DistributedOptimizer is kd.DistributedOptimizer
 
 
@@ -205,3 +205,25 @@ def test_elastic_corrupt_commit_and_callbacks(tmp_path, monkeypatch):
     import pickle
     saved = pickle.loads((tmp_path / "k" / "state.pkl").read_bytes())["state"]
     assert saved["attrs"] == {"batch": 0, "epoch": 2}
+
+
+def test_reducescatter_alltoall_grouped_allgather_broadcast_at_size_one():
+    assert kd.reducescatter(tf.ones([3, 2]), op=kd.Sum).shape == (3, 2)
+    assert kd.alltoall(tf.range(4)).numpy().tolist() == [0, 1, 2, 3]
+    out, received = kd.alltoall(tf.range(4), splits=[4])
+    assert out.numpy().tolist() == [0, 1, 2, 3] and received.numpy().tolist() == [4]
+    assert [t.shape for t in kd.grouped_allgather([tf.ones([2]), tf.ones([0, 3])])] == [
+        (2,), (0, 3)]
+    v = tf.Variable([1.0, 2.0])
+    assert kd.broadcast_([v], 0)[0].numpy().tolist() == [1.0, 2.0]
+    for op in (kd.Min, kd.Max, kd.Product):
+        with pytest.raises(ValueError, match="Expected kerasdist.Average or kerasdist.Sum"):
+            kd.reducescatter(tf.ones([2]), op=op)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        kd.reducescatter(tf.constant(1.0))
+    with pytest.raises(tf.errors.FailedPreconditionError, match="Invalid splits"):
+        kd.alltoall(tf.range(4), splits=[3])
+    with pytest.raises(TypeError, match="integers"):
+        kd.alltoall(tf.range(4), splits=[4.0])
+    with pytest.raises(ValueError, match="process sets"):
+        kd.reducescatter(tf.ones([2]), process_set=type("PS", (), {"process_set_id": 1})())

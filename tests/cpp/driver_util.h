@@ -333,6 +333,7 @@ inline std::unique_ptr<kerasdist::Context> CreateContext(const kerasdist::Engine
 
 // Parts of the driver (each returns the number of collectives checked).
 int RunSweep(kerasdist::Engine* e, int rank, int size);
+int RunScatterSweep(kerasdist::Engine* e, int rank, int size);
 int RunSoak(kerasdist::Engine* e, int rank, int size, uint64_t seed, int rounds);
 int RunFuzz(uint64_t seed, int iterations);
 void RunFaults(bool shm, int rank, int size);

@@ -1,6 +1,7 @@
 // The collective sweep: every dtype and op of allreduce over edge sizes,
 // ragged allgathers, broadcasts from every root, fused batches, barrier and
-// join, each checked bit for bit against the reference.
+// join (then the reducescatter and alltoall sweep of scatter.cc), each
+// checked bit for bit against the reference.
 #include <string>
 #include <vector>
 
@@ -267,6 +268,7 @@ int RunSweep(kerasdist::Engine* e, int rank, int size) {
   BroadcastSweep(e, rank, size, &n);
   GroupedSweep(e, rank, size, &n);
   for (int round = 0; round < 2; ++round) JoinRound(e, rank, size, round, &n);
+  n += RunScatterSweep(e, rank, size);  // scatter.cc
   Barrier(e, "sweep.end");
   return n + 2;
 }

@@ -85,6 +85,30 @@ Status RingAllgather(Transport* transport, void* buf,
                      const CollectiveOptions& options,
                      std::vector<char>* scratch, RingTimes* times);
 
+// In-place ring reduce-scatter of per-rank blocks of different sizes. On
+// entry every rank holds the whole buffer; on return rank r's block (at
+// block_offsets[r], block_bytes[r] long, a multiple of the element size)
+// holds the reduction of every rank's block r, and the other blocks hold
+// partial sums. N-1 steps; each rank sends (N-1)/N of the buffer. kAverage
+// reduces as a sum (the caller divides). All ranks pass the same blocks.
+Status RingReduceScatter(Transport* transport, void* buf,
+                         const std::vector<size_t>& block_offsets,
+                         const std::vector<size_t>& block_bytes, DataType dtype,
+                         ReduceOp op, const CollectiveOptions& options,
+                         std::vector<char>* scratch, RingTimes* times);
+
+// Alltoall by pairwise exchange: block j of `send` (send_offsets[j],
+// send_bytes[j]) goes to rank j, and block i of `recv` is filled from rank
+// i. At step k = 1..N-1 rank r sends to rank r+k and receives from rank r-k
+// (mod N), segment by segment. Rank i's send_bytes[j] equals rank j's
+// recv_bytes[i]; blocks may be empty.
+Status PairwiseAlltoall(Transport* transport, const void* send,
+                        const std::vector<size_t>& send_offsets,
+                        const std::vector<size_t>& send_bytes, void* recv,
+                        const std::vector<size_t>& recv_offsets,
+                        const std::vector<size_t>& recv_bytes,
+                        const CollectiveOptions& options, std::vector<char>* scratch);
+
 // Pipelined chain broadcast of `bytes` from `root`, in place.
 Status ChainBroadcast(Transport* transport, void* buf, size_t bytes, int root,
                       const CollectiveOptions& options, std::vector<char>* scratch);

@@ -48,6 +48,8 @@ const char* OpTypeName(OpType op) {
     case OpType::kBroadcast: return "broadcast";
     case OpType::kBarrier: return "barrier";
     case OpType::kJoin: return "join";
+    case OpType::kReducescatter: return "reducescatter";
+    case OpType::kAlltoall: return "alltoall";
   }
   return "unknown";
 }

@@ -39,6 +39,8 @@ enum class OpType : int32_t {
   kBroadcast = 2,
   kBarrier = 3,
   kJoin = 4,
+  kReducescatter = 5,
+  kAlltoall = 6,
 };
 
 size_t DataTypeSize(DataType dtype);

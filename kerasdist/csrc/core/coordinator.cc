@@ -168,6 +168,10 @@ Coordinator::Ready Coordinator::Validate(const Pending& p, int64_t now_us) {
   while (!p.submitted[first]) ++first;
   const TensorMeta& m0 = p.metas[first];
   out.meta = m0;
+  if (m0.type == OpType::kReducescatter || m0.type == OpType::kAlltoall) {
+    ValidateScatter(p, &out);
+    return out;
+  }
   bool ok = true;
   for (int r = 0; r < size_ && ok; ++r) {
     if (!p.submitted[r]) continue;
@@ -232,30 +236,36 @@ void Coordinator::EmitReady(int64_t now_us, ResponseList* out) {
                     now_us - oldest < options_.cycle_time_us &&
                     ready_bytes < options_.fusion_threshold_bytes;
 
-  using Key = std::tuple<int, int, double, double, int>;
+  using Key = std::tuple<int, int, int, double, double, int>;
   std::map<Key, size_t> open;  // fusion group -> index in out->responses
   std::map<Key, int64_t> open_bytes;
   std::vector<Ready> kept;
   for (Ready& r : ready_) {
     const bool is_allreduce = r.meta.type == OpType::kAllreduce && r.error.empty();
+    const bool fuses =
+        is_allreduce || (r.meta.type == OpType::kReducescatter && r.error.empty());
     if (is_allreduce && hold) {
       kept.push_back(std::move(r));
       continue;
     }
     r.id = IdFor(r.name, out);
     const int64_t count = NumElements(r.meta.shape);
-    if (r.error.empty() && r.meta.type != OpType::kAllgather)
+    if (r.error.empty() && !IsPerRankMeta(r.meta.type))
       cached_meta_[r.id] = r.meta;
-    if (is_allreduce) {
+    if (fuses) {
       const int64_t bytes = count * DataTypeSize(r.meta.dtype);
-      Key key{static_cast<int>(r.meta.dtype), static_cast<int>(r.meta.reduce_op),
-              r.meta.prescale, r.meta.postscale, r.contributors};
+      Key key{static_cast<int>(r.meta.type), static_cast<int>(r.meta.dtype),
+              static_cast<int>(r.meta.reduce_op), r.meta.prescale, r.meta.postscale,
+              r.contributors};
       auto it = open.find(key);
       if (it != open.end() &&
           open_bytes[key] + bytes <= options_.fusion_threshold_bytes) {
         Response& resp = out->responses[it->second];
         resp.ids.push_back(r.id);
-        resp.counts.push_back(count);
+        if (r.meta.type == OpType::kReducescatter)
+          AppendReducescatter(r.meta, &resp);
+        else
+          resp.counts.push_back(count);
         open_bytes[key] += bytes;
         continue;
       }
@@ -271,12 +281,15 @@ void Coordinator::EmitReady(int64_t now_us, ResponseList* out) {
     resp.prescale = r.meta.prescale;
     resp.postscale = r.meta.postscale;
     resp.rank_dim0 = r.rank_dim0;
+    resp.splits = r.splits;
     resp.contributors = r.contributors;
     resp.error = r.error;
-    if (r.meta.type == OpType::kAllgather) {
+    if (IsPerRankMeta(r.meta.type)) {  // allgather, alltoall
       int64_t row = 1;  // elements per row of the gathered tensor
       for (size_t i = 1; i < r.meta.shape.size(); ++i) row *= r.meta.shape[i];
       resp.counts.push_back(row);
+    } else if (r.meta.type == OpType::kReducescatter) {
+      AppendReducescatter(r.meta, &resp);
     } else {
       resp.counts.push_back(count);
     }

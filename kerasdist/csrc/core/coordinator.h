@@ -57,6 +57,7 @@ class Coordinator {
     int32_t id;
     TensorMeta meta;  // rank-independent part (allgather: rank 0's)
     std::vector<int64_t> rank_dim0;
+    std::vector<int64_t> splits;  // alltoall: Response::splits
     int contributors;
     int64_t ready_us;
     std::string error;
@@ -65,6 +66,9 @@ class Coordinator {
   int32_t IdFor(const std::string& name, ResponseList* out);
   bool IsReady(const Pending& p) const;
   Ready Validate(const Pending& p, int64_t now_us);
+  // Reducescatter and alltoall (coordinator_scatter.cc).
+  void ValidateScatter(const Pending& p, Ready* out) const;
+  static void AppendReducescatter(const TensorMeta& meta, Response* resp);
   void EmitReady(int64_t now_us, ResponseList* out);
   void InspectStalls(int64_t now_us, ResponseList* out);
   bool InspectDeadlock(int64_t now_us, ResponseList* out);

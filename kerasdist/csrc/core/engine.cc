@@ -403,6 +403,9 @@ bool Engine::ResponseFits(const Response& resp) const {
     return resp.rank_dim0.size() == static_cast<size_t>(size_) && resp.ids.size() == 1;
   if (resp.type == OpType::kBroadcast)
     return resp.ids.size() == 1 && resp.root >= 0 && resp.root < size_;
+  if (resp.type == OpType::kReducescatter) return resp.splits.size() == resp.ids.size();
+  if (resp.type == OpType::kAlltoall)
+    return resp.ids.size() == 1 && resp.splits.size() == static_cast<size_t>(size_) * size_;
   return true;
 }
 
@@ -465,7 +468,7 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
     for (size_t i = 0; i < reqs.size(); ++i) {
       Request* r = reqs[i];
       if (!r) continue;
-      if (s.ok() && r->meta.type != OpType::kAllgather && !IsTransientName(r->name))
+      if (s.ok() && !IsPerRankMeta(r->meta.type) && !IsTransientName(r->name))
         cache_[r->name] = {resp.ids[i], r->meta};
       r->done(s);
       inflight_.erase(r->name);

@@ -52,9 +52,11 @@ struct Request {
   std::string name;
   TensorMeta meta;
   const void* input = nullptr;
-  void* output = nullptr;      // allreduce, broadcast: same size as input
-  AllocateFn allocate;         // allgather
+  void* output = nullptr;      // allreduce, broadcast: same size as input;
+                               // reducescatter: this rank's rows
+  AllocateFn allocate;         // allgather, alltoall
   int32_t* join_result = nullptr;  // join: receives the last rank to join
+  int32_t* received_splits = nullptr;  // alltoall: rows from each rank (size())
   DoneFn done;
   int64_t enqueue_us = 0;
 };
@@ -103,6 +105,8 @@ class Engine {
   Status RunAllreduce(const Response& resp, std::vector<Request*>& reqs);
   Status RunAllgather(const Response& resp, Request* req);
   Status RunBroadcast(const Response& resp, Request* req);
+  Status RunReducescatter(const Response& resp, std::vector<Request*>& reqs);  // engine_scatter.cc
+  Status RunAlltoall(const Response& resp, Request* req);                      // engine_scatter.cc
   void SendControl(int peer, int tag, std::string bytes);
   void FinishControlSends(int64_t timeout_ms);
   void FailAll(const Status& status);

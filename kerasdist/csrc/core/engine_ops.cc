@@ -13,6 +13,8 @@ Status Engine::RunResponse(const Response& resp, std::vector<Request*>& reqs) {
     case OpType::kAllreduce: return RunAllreduce(resp, reqs);
     case OpType::kAllgather: return RunAllgather(resp, reqs[0]);
     case OpType::kBroadcast: return RunBroadcast(resp, reqs[0]);
+    case OpType::kReducescatter: return RunReducescatter(resp, reqs);
+    case OpType::kAlltoall: return RunAlltoall(resp, reqs[0]);
     default: return Status::OK();  // barrier: agreement is the whole job
   }
 }

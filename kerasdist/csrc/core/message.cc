@@ -8,14 +8,17 @@ namespace kerasdist {
 bool TensorMeta::operator==(const TensorMeta& o) const {
   return type == o.type && dtype == o.dtype && reduce_op == o.reduce_op &&
          root == o.root && prescale == o.prescale && postscale == o.postscale &&
-         shape == o.shape;
+         shape == o.shape && splits == o.splits;
 }
 
 std::string TensorMeta::Describe() const {
   std::string s = OpTypeName(type);
-  if (type == OpType::kAllreduce) s += std::string("(") + ReduceOpName(reduce_op) + ")";
+  if (type == OpType::kAllreduce || type == OpType::kReducescatter)
+    s += std::string("(") + ReduceOpName(reduce_op) + ")";
   if (type == OpType::kBroadcast) s += "(root " + std::to_string(root) + ")";
   s += std::string(" ") + DataTypeName(dtype) + " " + ShapeString(shape);
+  if (type == OpType::kAlltoall)
+    s += splits.empty() ? " splits none" : " splits " + ShapeString(splits);
   if (prescale != 1.0 || postscale != 1.0)
     s += " prescale=" + std::to_string(prescale) +
          " postscale=" + std::to_string(postscale);
@@ -42,7 +45,7 @@ class Writer {
   }
   void PutMeta(const TensorMeta& m) {
     Put(m.type); Put(m.dtype); Put(m.reduce_op); Put(m.root);
-    Put(m.prescale); Put(m.postscale); PutVector(m.shape);
+    Put(m.prescale); Put(m.postscale); PutVector(m.shape); PutVector(m.splits);
   }
   std::string Take() { return std::move(out_); }
 
@@ -79,7 +82,7 @@ class Reader {
   bool GetMeta(TensorMeta* m) {
     return Get(&m->type) && Get(&m->dtype) && Get(&m->reduce_op) &&
            Get(&m->root) && Get(&m->prescale) && Get(&m->postscale) &&
-           GetVector(&m->shape);
+           GetVector(&m->shape) && GetVector(&m->splits);
   }
   bool done() const { return p_ == end_; }
   // Whether `n` items of at least `min_bytes` each can still follow: checked
@@ -96,7 +99,7 @@ class Reader {
 // Enum values and counts as the decoder accepts them; anything else is a
 // corrupt message, never undefined behaviour further on.
 bool ValidMeta(const TensorMeta& m) {
-  if (static_cast<uint32_t>(m.type) > static_cast<uint32_t>(OpType::kJoin) ||
+  if (static_cast<uint32_t>(m.type) > static_cast<uint32_t>(OpType::kAlltoall) ||
       static_cast<uint32_t>(m.dtype) > static_cast<uint32_t>(DataType::kInt8) ||
       static_cast<uint32_t>(m.reduce_op) > static_cast<uint32_t>(ReduceOp::kProduct))
     return false;
@@ -118,6 +121,8 @@ bool ValidResponse(const Response& r) {
   for (int64_t c : r.counts)
     if (c < 0) return false;
   for (int64_t d : r.rank_dim0)
+    if (d < 0) return false;
+  for (int64_t d : r.splits)
     if (d < 0) return false;
   return true;
 }
@@ -178,7 +183,7 @@ std::string Serialize(const ResponseList& list) {
     w.Put(resp.type); w.PutVector(resp.ids); w.Put(resp.dtype);
     w.Put(resp.reduce_op); w.Put(resp.root); w.Put(resp.prescale);
     w.Put(resp.postscale); w.PutVector(resp.rank_dim0); w.PutVector(resp.counts);
-    w.Put(resp.contributors); w.PutString(resp.error);
+    w.PutVector(resp.splits); w.Put(resp.contributors); w.PutString(resp.error);
   }
   w.PutVector(list.evicted);
   return w.Take();
@@ -205,7 +210,8 @@ bool Parse(const std::string& bytes, ResponseList* list) {
     if (!(r.Get(&resp.type) && r.GetVector(&resp.ids) && r.Get(&resp.dtype) &&
           r.Get(&resp.reduce_op) && r.Get(&resp.root) && r.Get(&resp.prescale) &&
           r.Get(&resp.postscale) && r.GetVector(&resp.rank_dim0) &&
-          r.GetVector(&resp.counts) && r.Get(&resp.contributors) &&
+          r.GetVector(&resp.counts) && r.GetVector(&resp.splits) &&
+          r.Get(&resp.contributors) &&
           r.GetString(&resp.error) && ValidResponse(resp)))
       return false;
   }

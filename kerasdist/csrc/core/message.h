@@ -25,12 +25,21 @@ struct TensorMeta {
   double prescale = 1.0;
   double postscale = 1.0;
   std::vector<int64_t> shape;
+  // alltoall: rows sent to each rank (empty: split evenly). Validated by the
+  // coordinator, so a rank's bad splits fail the collective on every rank.
+  std::vector<int64_t> splits;
 
   bool operator==(const TensorMeta& o) const;
   bool operator!=(const TensorMeta& o) const { return !(*this == o); }
   // e.g. "allreduce(sum) float32 [2, 3]"
   std::string Describe() const;
 };
+
+// Ops whose metadata differs between ranks (allgather's first dimension,
+// alltoall's splits): their metadata is never cached.
+inline bool IsPerRankMeta(OpType type) {
+  return type == OpType::kAllgather || type == OpType::kAlltoall;
+}
 
 struct RequestEntry {
   int32_t id = -1;     // >= 0: metadata is the cached one for this id
@@ -56,6 +65,9 @@ struct Response {
   // Per id: element count (allreduce, broadcast) or elements per row
   // (allgather). Lets a rank that has joined take part without the tensor.
   std::vector<int64_t> counts;
+  // alltoall: the rows rank i sends to rank j at [i * size + j];
+  // reducescatter: the first dimension of each id (counts: elements per row).
+  std::vector<int64_t> splits;
   int32_t contributors = 0;          // ranks that submitted (for averages)
   std::string error;                 // non-empty: fail these tensors
 };

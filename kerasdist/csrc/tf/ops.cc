@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "binding.h"
+#include "convert.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -290,6 +291,9 @@ class QueryOp : public tensorflow::OpKernel {
 };
 
 }  // namespace
+
+bool ToCoreDataType(tensorflow::DataType dt, DataType* out) { return ToDataType(dt, out); }
+tensorflow::Status ToTensorFlowStatus(const Status& s) { return ToTfStatus(s); }
 
 // The data collectives are not marked stateful: tf.function's automatic
 // control dependencies would otherwise serialize them in program order, and
