@@ -23,6 +23,8 @@
 // Output: one JSON object per N on stdout; failures on stderr.
 //   coordinator_sim [--ranks 8,16,...] [--steps 50] [--tensors 200]
 //                   [--check-steps 5] [--fusion-bytes B] [--seed S]
+//                   [--drop-one 1]  (a fault, to show that the checks fail:
+//                   the last rank leaves one tensor out of one step)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +34,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <ctime>
 #include <unordered_map>
 #include <vector>
 
@@ -137,6 +140,14 @@ std::vector<Round> MakeRounds(const Scenario& s, int n, int t, std::mt19937* rng
   return rounds;
 }
 
+// This thread's CPU time: steadier than wall time on a shared machine, as it
+// leaves out the time other processes held the core.
+double CpuMicros() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
 double Quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -151,6 +162,8 @@ using Groups = std::vector<std::vector<int>>;
 
 struct StepResult {
   double total_us = 0, submit_us = 0, plan_us = 0, serialize_us = 0;
+  double cpu_us = 0;    // CPU time of the same work
+  double parse_us = 0;  // Parse() (and freeing) of the workers' lists alone
   int64_t bytes_received = 0, bytes_sent = 0;
   Groups groups;
 };
@@ -167,6 +180,7 @@ class Sim {
   }
 
   std::vector<std::string> errors;
+  bool drop_one = false;  // the fault: see --drop-one
 
   int64_t fusion_bytes() const { return fusion_bytes_; }
 
@@ -182,6 +196,10 @@ class Sim {
         RequestList list;
         list.seen = seen_;
         for (int i : c.tensors) {
+          if (drop_one && c.rank == n_ - 1 && ids_[i] >= 0) {
+            drop_one = false;
+            continue;
+          }
           RequestEntry e;
           if (ids_[i] >= 0) {
             e.id = ids_[i];
@@ -196,6 +214,7 @@ class Sim {
         res.bytes_received += wires.back().size();
       }
       // --- timed: rank 0's control plane for this round ---
+      const double c0 = CpuMicros();
       const int64_t t0 = NowMicros();
       size_t k = 0;
       for (size_t i = 0; i < round.size(); ++i) {
@@ -216,7 +235,16 @@ class Sim {
       std::string out;
       if (!plan.empty()) out = Serialize(plan);
       const int64_t t3 = NowMicros();
+      const double c1 = CpuMicros();
       // --- end timed ---
+      res.cpu_us += c1 - c0;
+      const int64_t p0 = NowMicros();
+      for (size_t i = 0; i < round.size(); ++i) {
+        if (round[i].rank == 0) continue;
+        RequestList theirs;
+        Parse(wires[i], &theirs);
+      }
+      res.parse_us += NowMicros() - p0;
       res.submit_us += t1 - t0;
       res.plan_us += t2 - t1;
       res.serialize_us += t3 - t2;
@@ -350,6 +378,7 @@ int main(int argc, char** argv) {
   int steps = 50, tensors = 200, check_steps = 5;
   int64_t fusion = 0;
   unsigned seed = 1;
+  bool drop_one = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--ranks") ranks = ParseList(argv[i + 1]);
@@ -358,6 +387,7 @@ int main(int argc, char** argv) {
     else if (a == "--check-steps") check_steps = std::atoi(argv[i + 1]);
     else if (a == "--fusion-bytes") fusion = std::atoll(argv[i + 1]);
     else if (a == "--seed") seed = static_cast<unsigned>(std::atoi(argv[i + 1]));
+    else if (a == "--drop-one") drop_one = std::atoi(argv[i + 1]) != 0;
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
@@ -374,14 +404,15 @@ int main(int argc, char** argv) {
     std::mt19937 rng(seed * 7919u + n);
     // Warm-up: names and metadata; the coordinator announces the ids.
     StepResult warm = sim.Step(MakeRounds(kScenarios[0], n, tensors, &rng), false, "warm-up");
+    sim.drop_one = drop_one;
     const size_t expected = ExpectedResponses(model, sim.fusion_bytes());
     Groups reference;
     std::string json;
-    char buf[512];
+    char buf[1024];
     for (const Scenario& s : kScenarios) {
       const bool timed = std::string(s.name) == "inorder";
       const int count = timed ? steps : std::min(steps, check_steps);
-      std::vector<double> total, submit, plan, ser;
+      std::vector<double> total, submit, plan, ser, cpu, parse;
       int64_t received = 0, sent = 0;
       for (int k = 0; k < count; ++k) {
         const std::string what = "N=" + std::to_string(n) + " " + s.name + " step " +
@@ -391,6 +422,8 @@ int main(int argc, char** argv) {
         submit.push_back(r.submit_us);
         plan.push_back(r.plan_us);
         ser.push_back(r.serialize_us);
+        cpu.push_back(r.cpu_us);
+        parse.push_back(r.parse_us);
         received = r.bytes_received;
         sent = r.bytes_sent;
         if (timed && k == 0) reference = r.groups;
@@ -406,11 +439,13 @@ int main(int argc, char** argv) {
       }
       std::snprintf(buf, sizeof(buf),
                     "%s\"%s\": {\"steps\": %d, \"median_us\": %.2f, \"p90_us\": %.2f, "
+                    "\"min_us\": %.2f, \"cpu_median_us\": %.2f, \"parse_only_median_us\": %.2f, "
                     "\"submit_median_us\": %.2f, \"plan_median_us\": %.2f, "
                     "\"serialize_median_us\": %.2f, \"bytes_received\": %lld, "
                     "\"bytes_sent\": %lld}",
                     json.empty() ? "" : ", ", s.name, count, Quantile(total, 0.5),
-                    Quantile(total, 0.9), Quantile(submit, 0.5), Quantile(plan, 0.5),
+                    Quantile(total, 0.9), Quantile(total, 0), Quantile(cpu, 0.5),
+                    Quantile(parse, 0.5), Quantile(submit, 0.5), Quantile(plan, 0.5),
                     Quantile(ser, 0.5), static_cast<long long>(received),
                     static_cast<long long>(sent));
       json += buf;

@@ -32,7 +32,7 @@ ROOT = os.path.dirname(HERE)
 CORE = os.path.join(ROOT, "kerasdist", "csrc", "core")
 SOURCE = os.path.join(HERE, "coordinator_sim.cc")
 RESULTS = os.path.join(HERE, "results")
-CORE_SOURCES = ("coordinator.cc", "message.cc", "common.cc", "clock.cc")
+CORE_SOURCES = ("coordinator*.cc", "message.cc", "common.cc", "clock.cc")
 # The core's flags from setup.py, minus TensorFlow's and MPI's (the core
 # needs neither), at -O2.
 CXXFLAGS = ["-std=c++17", "-O2", "-DNDEBUG", "-D_GLIBCXX_USE_CXX11_ABI=1",
@@ -50,7 +50,7 @@ def build(core=CORE):
     cxx = compiler()
     if not shutil.which(cxx):
         raise FileNotFoundError(f"C++ compiler {cxx!r} not found")
-    sources = [SOURCE] + [os.path.join(core, f) for f in CORE_SOURCES]
+    sources = [SOURCE] + sorted(p for f in CORE_SOURCES for p in glob.glob(os.path.join(core, f)))
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     h = hashlib.sha256((" ".join(CXXFLAGS) + "\0" + version).encode())
     for path in sources + sorted(glob.glob(os.path.join(core, "*.h"))):
@@ -71,45 +71,70 @@ def build(core=CORE):
 
 
 def run(exe, ranks, steps=50, tensors=200, check_steps=5, fusion_bytes=0, seed=1,
-        timeout=1200):
-    """Runs the simulator. Returns (returncode, per-N results, stderr)."""
+        timeout=1200, drop_one=False):
+    """Runs the simulator. Returns (returncode, per-N results, stderr).
+
+    drop_one: the fault that the checks must catch (one tensor left out).
+    """
     cmd = [exe, "--ranks", ",".join(map(str, ranks)), "--steps", str(steps),
            "--tensors", str(tensors), "--check-steps", str(check_steps),
            "--seed", str(seed)]
     if fusion_bytes:
         cmd += ["--fusion-bytes", str(fusion_bytes)]
+    if drop_one:
+        cmd += ["--drop-one", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return proc.returncode, rows, proc.stderr
 
 
 def fit(rows):
-    """Least-squares t(N) = a + b*N over the in-order medians."""
+    """t(N) = a + c*N*T over the in-order medians, least squares in relative
+    error (weights 1/t^2, so that small N count as much as large N); and the
+    log-log slope over N >= 64 (1 = linear)."""
+    import math
+
     xs = [r["ranks"] for r in rows]
     ys = [r["scenarios"]["inorder"]["median_us"] for r in rows]
-    n = len(xs)
-    if n < 2:
+    if len(xs) < 2:
         return None
-    mx, my = sum(xs) / n, sum(ys) / n
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    a = my - b * mx
+    w = [1 / y ** 2 for y in ys]
+    sw = sum(w)
+    sx = sum(wi * x for wi, x in zip(w, xs))
+    sy = sum(wi * y for wi, y in zip(w, ys))
+    sxx = sum(wi * x * x for wi, x in zip(w, xs))
+    sxy = sum(wi * x * y for wi, x, y in zip(w, xs, ys))
+    b = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+    a = (sy - b * sx) / sw
     tensors = rows[0]["tensors"]
     worst = max(abs(a + b * x - y) / y for x, y in zip(xs, ys))
+    big = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x >= 64]
+    slope = None
+    if len(big) >= 2:
+        mx = sum(p[0] for p in big) / len(big)
+        my = sum(p[1] for p in big) / len(big)
+        slope = (sum((p[0] - mx) * (p[1] - my) for p in big) /
+                 sum((p[0] - mx) ** 2 for p in big))
     return {"a_us": a, "b_us_per_rank": b, "c_ns_per_rank_tensor": 1000 * b / tensors,
-            "max_relative_error": worst}
+            "max_relative_error": worst, "loglog_slope_n_ge_64": slope}
 
 
-def table(rows):
-    head = ("ranks", "median us", "p90 us", "parse+submit", "plan", "serialize",
-            "recv B/step", "sent B/step", "ns/(rank*tensor)", "checks")
+def table(rows, before=None):
+    old = {r["ranks"]: r["scenarios"]["inorder"]["median_us"] for r in before or []}
+    head = (["ranks"] + (["before median us"] if old else []) +
+            ["median us", "p90 us", "cpu median us", "parse only", "parse+submit", "plan",
+             "serialize", "recv B/step", "sent B/step", "ns/(rank*tensor)", "checks"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         s = r["scenarios"]["inorder"]
         per = 1000 * s["median_us"] / (r["ranks"] * r["tensors"])
-        cells = (r["ranks"], f"{s['median_us']:.0f}", f"{s['p90_us']:.0f}",
-                 f"{s['submit_median_us']:.0f}", f"{s['plan_median_us']:.0f}",
-                 f"{s['serialize_median_us']:.0f}", f"{s['bytes_received']:,}",
-                 f"{s['bytes_sent']:,}", f"{per:.1f}", "ok" if r["ok"] else "FAIL")
+        cells = ([r["ranks"]] + ([f"{old[r['ranks']]:.0f}" if r["ranks"] in old else "-"]
+                                 if old else []) +
+                 [f"{s['median_us']:.0f}", f"{s['p90_us']:.0f}", f"{s['cpu_median_us']:.0f}",
+                  f"{s['parse_only_median_us']:.0f}", f"{s['submit_median_us']:.0f}",
+                  f"{s['plan_median_us']:.0f}", f"{s['serialize_median_us']:.0f}",
+                  f"{s['bytes_received']:,}", f"{s['bytes_sent']:,}", f"{per:.1f}",
+                  "ok" if r["ok"] else "FAIL"])
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
@@ -173,12 +198,18 @@ def main(argv=None):
     if not rows:
         sys.stderr.write(f"coordinator_sim produced no results (exit {rc})\n")
         return rc or 1
-    print(table(rows))
+    before = None
+    if not args.save_before and args.before and os.path.exists(args.before):
+        with open(args.before) as f:
+            before = json.load(f)["results"]
+    print(table(rows, before))
     model = fit(rows)
     if model:
+        slope = model["loglog_slope_n_ge_64"]
         print(f"fit: t(N) = {model['a_us']:.1f} us + {model['b_us_per_rank']:.3f} us * N "
               f"({model['c_ns_per_rank_tensor']:.2f} ns per rank per tensor), "
-              f"worst relative error {model['max_relative_error']:.0%}")
+              f"worst relative error {model['max_relative_error']:.0%}"
+              + (f"; log-log slope for N >= 64: {slope:.2f}" if slope is not None else ""))
     git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True).stdout.strip()
     result = {
@@ -198,10 +229,6 @@ def main(argv=None):
         json.dump(result, f, indent=1)
     print(f"wrote {path}")
     if not (args.no_plot or args.save_before):
-        before = None
-        if args.before and os.path.exists(args.before):
-            with open(args.before) as f:
-                before = json.load(f)["results"]
         plot(rows, args.png, before)
         print(f"wrote {args.png}")
     return rc
