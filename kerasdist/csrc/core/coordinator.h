@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -40,35 +39,74 @@ class Coordinator {
 
   // True when some tensors are waiting for other ranks (the engine then
   // polls more often).
-  bool HasPending() const { return !pending_.empty() || !ready_.empty(); }
+  bool HasPending() const { return active_ > 0 || !ready_.empty(); }
 
  private:
+  // A collective that some ranks have submitted. Slots live in a pool and are
+  // reused, vectors and all, so that a steady step allocates nothing.
+  struct Source {   // one distinct description of the tensor
+    int32_t id;     // >= 0: came as this cache id; -1: name and metadata
+    TensorMeta meta;
+  };
   struct Pending {
     std::string name;
-    std::vector<TensorMeta> metas;  // per rank
-    std::vector<bool> submitted;    // per rank
-    int count = 0;
+    std::vector<Source> sources;       // [0, Hot::num_sources): [0] came first
+    std::vector<int32_t> rank_source;  // per rank; filled once there are two
+    std::vector<int32_t> ids;          // id slots that point at this one
     int64_t first_seen_us = 0;
     uint64_t order = 0;
     bool warned = false;
+    bool active = false;   // waiting for ranks (not ready, not free)
+    bool by_name = false;  // registered in by_name_ (no live id for its name)
+    bool allreduce = false;  // some rank submitted it as an allreduce
+  };
+  // What every submission of a Pending touches, dense by slot (with the
+  // bits_ column), so that a step's working set stays in the L1 cache.
+  struct Hot {
+    int32_t count = 0;        // ranks that submitted
+    int32_t num_sources = 0;  // distinct descriptions
+    int32_t first_id = -1;    // sources[0].id
+    int32_t only_id = -1;     // first_id while it is the only description
   };
   struct Ready {
-    std::string name;
+    int32_t slot;     // the Pending, kept until emitted
+    int32_t id_hint;  // the live id its name had when it was submitted, or -1
     int32_t id;
-    TensorMeta meta;  // rank-independent part (allgather: rank 0's)
-    std::vector<int64_t> rank_dim0;
+    int source;       // whose metadata counts (allgather: the first rank's)
     std::vector<int64_t> splits;  // alltoall: Response::splits
     int contributors;
     int64_t ready_us;
+    std::vector<int64_t> rank_dim0;
     std::string error;
   };
+  // Per tensor id: the pending collective it resolves to, and its state.
+  struct IdSlot {
+    int32_t pending = -1;
+    int32_t fast = -1;   // pending, while this id is its only description
+    bool valid = false;  // resolvable (announced, possibly evicted)
+    bool live = false;   // in ids_ (not evicted or released)
+  };
 
-  int32_t IdFor(const std::string& name, ResponseList* out);
-  bool IsReady(const Pending& p) const;
-  Ready Validate(const Pending& p, int64_t now_us);
+  bool Has(int32_t idx, int rank) const {
+    return (bits_[static_cast<size_t>(rank >> 6) * cap_ + idx] >> (rank & 63)) & 1;
+  }
+  int SourceOf(int32_t idx, int rank) const {
+    return hot_[idx].num_sources > 1 ? pool_[idx].rank_source[rank] : 0;
+  }
+  const TensorMeta& MetaOf(int32_t idx, int rank) const {
+    return pool_[idx].sources[SourceOf(idx, rank)].meta;
+  }
+  int32_t IdFor(const std::string& name, int32_t hint, ResponseList* out);
+  int32_t FindPending(const std::string& name) const;
+  int32_t NewPending(const std::string& name, int64_t now_us);
+  void Add(int32_t idx, int rank, int32_t id, const TensorMeta& meta);
+  void Join(int rank);
+  bool IsReady(int32_t idx) const;
+  Ready Validate(int32_t idx, int64_t now_us);
   // Reducescatter and alltoall (coordinator_scatter.cc).
-  void ValidateScatter(const Pending& p, Ready* out) const;
+  void ValidateScatter(int32_t idx, Ready* out) const;
   static void AppendReducescatter(const TensorMeta& meta, Response* resp);
+  void Deactivate(int32_t idx);
   void EmitReady(int64_t now_us, ResponseList* out);
   void InspectStalls(int64_t now_us, ResponseList* out);
   bool InspectDeadlock(int64_t now_us, ResponseList* out);
@@ -78,7 +116,18 @@ class Coordinator {
 
   int size_;
   CoordinatorOptions options_;
-  std::unordered_map<std::string, Pending> pending_;
+  std::vector<Pending> pool_;
+  std::vector<Hot> hot_;           // per slot
+  // Which ranks submitted, a bit per rank and slot: word w of slot i at
+  // bits_[w * cap_ + i], so one rank's words for all slots are adjacent.
+  std::vector<uint64_t> bits_;
+  size_t cap_ = 0;                 // slots that bits_ has room for
+  size_t words_;                   // (size + 63) / 64
+  std::vector<int32_t> free_slots_;
+  std::vector<int32_t> complete_;  // slots every rank has submitted
+  std::unordered_map<std::string, int32_t> by_name_;  // pending, name without live id
+  size_t active_ = 0;              // pending (waiting) slots
+  size_t pending_allreduce_ = 0;   // of which some rank submitted an allreduce
   std::vector<Ready> ready_;
   uint64_t next_order_ = 0;
   // Response cache: stable ids, the validated metadata per id.
@@ -86,8 +135,10 @@ class Coordinator {
   std::vector<std::string> names_;
   std::vector<TensorMeta> cached_meta_;
   std::vector<bool> announced_;
+  std::vector<IdSlot> slots_;
   // Join state.
   std::vector<bool> joined_;
+  std::vector<uint64_t> joined_bits_;
   int joined_count_ = 0;
   int last_joined_ = -1;
   // Shutdown / abort requested by some rank.
@@ -95,6 +146,7 @@ class Coordinator {
   std::string abort_message_;
   int64_t last_stall_check_us_ = 0;
   int64_t last_activity_us_ = 0;  // last submission or response
+  bool arrived_ = false;          // submissions since the last Plan()
   // Ids of unnamed eager collectives (never repeated) are reused.
   std::vector<int32_t> free_ids_;
   std::vector<int32_t> transient_used_;

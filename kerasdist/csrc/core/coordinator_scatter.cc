@@ -43,12 +43,13 @@ std::vector<int64_t> ResolveSplits(const TensorMeta& m, int size) {
 
 }  // namespace
 
-void Coordinator::ValidateScatter(const Pending& p, Ready* out) const {
-  const TensorMeta& m0 = out->meta;
+void Coordinator::ValidateScatter(int32_t idx, Ready* out) const {
+  const Pending& p = pool_[idx];
+  const TensorMeta& m0 = p.sources[out->source].meta;
   const std::string what = std::string(OpTypeName(m0.type)) + " '" + p.name + "'";
   std::vector<int> joined;
   for (int r = 0; r < size_; ++r)
-    if (!p.submitted[r]) joined.push_back(r);
+    if (!Has(idx, r)) joined.push_back(r);
   if (!joined.empty()) {
     out->error = what + " cannot run while ranks " + Ranks(joined) +
                  " have joined: reducescatter and alltoall need a tensor from every rank.";
@@ -56,7 +57,7 @@ void Coordinator::ValidateScatter(const Pending& p, Ready* out) const {
   }
   bool ok = !m0.shape.empty();
   for (int r = 0; r < size_ && ok; ++r) {
-    const TensorMeta& m = p.metas[r];
+    const TensorMeta& m = MetaOf(idx, r);
     if (m0.type == OpType::kReducescatter) {
       ok = m == m0;
     } else {
@@ -68,7 +69,7 @@ void Coordinator::ValidateScatter(const Pending& p, Ready* out) const {
     std::string msg = "Mismatched " + std::string(OpTypeName(m0.type)) + " for tensor '" +
                       p.name + "' across ranks:";
     for (int r = 0; r < size_; ++r)
-      msg += (r ? "; rank " : " rank ") + std::to_string(r) + " sent " + p.metas[r].Describe();
+      msg += (r ? "; rank " : " rank ") + std::to_string(r) + " sent " + MetaOf(idx, r).Describe();
     msg += m0.type == OpType::kReducescatter
                ? ". Every rank must call reducescatter with the same dtype, op and shape "
                  "(at least 1-D)."
@@ -86,7 +87,7 @@ void Coordinator::ValidateScatter(const Pending& p, Ready* out) const {
   std::string bad;
   out->splits.clear();
   for (int r = 0; r < size_; ++r) {
-    const TensorMeta& m = p.metas[r];
+    const TensorMeta& m = MetaOf(idx, r);
     std::vector<int64_t> rows = ResolveSplits(m, size_);
     if (rows.empty()) {
       bad += (bad.empty() ? " rank " : "; rank ") + std::to_string(r) + " sent " +

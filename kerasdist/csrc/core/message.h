@@ -42,6 +42,10 @@ inline bool IsPerRankMeta(OpType type) {
 }
 
 struct RequestEntry {
+  // User-provided, so that value-initialisation (vector::resize in Parse)
+  // does not zero the whole entry before the member initialisers run: that
+  // was most of rank 0's per-entry decoding cost at scale.
+  RequestEntry() {}
   int32_t id = -1;     // >= 0: metadata is the cached one for this id
   std::string name;    // set when id < 0
   TensorMeta meta;     // set when id < 0

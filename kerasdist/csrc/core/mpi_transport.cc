@@ -117,16 +117,6 @@ class MpiTransfer : public Transfer {
   Status status_;
 };
 
-int64_t NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-void SleepMicros(int64_t us) {
-  std::this_thread::sleep_for(std::chrono::microseconds(us));
-}
-
 Status WaitTransfer(Transfer* t, int64_t timeout_ms) {
   const int64_t start = NowMicros();
   const int64_t deadline = start + timeout_ms * 1000;
