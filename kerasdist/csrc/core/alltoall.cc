@@ -15,19 +15,6 @@
 
 namespace kerasdist {
 
-namespace {
-
-Status WaitAll(std::vector<std::unique_ptr<Transfer>>* transfers, int64_t timeout_ms) {
-  for (auto& t : *transfers) {
-    Status s = WaitTransfer(t.get(), timeout_ms);
-    if (!s.ok()) return s;
-  }
-  transfers->clear();
-  return Status::OK();
-}
-
-}  // namespace
-
 Status PairwiseAlltoall(Transport* transport, const void* send,
                         const std::vector<size_t>& send_offsets,
                         const std::vector<size_t>& send_bytes, void* recv,
@@ -74,7 +61,7 @@ Status PairwiseAlltoall(Transport* transport, const void* send,
       if (j + window < nseg)
         recvs[j + window] = transport->Irecv(src, kTagData, dest(j + window), len(j + window));
     }
-    Status s = WaitAll(&sends, options.timeout_ms);
+    Status s = WaitTransfers(&sends, options.timeout_ms);
     if (!s.ok()) return s;
   }
   return Status::OK();

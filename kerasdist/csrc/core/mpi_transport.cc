@@ -117,6 +117,18 @@ class MpiTransfer : public Transfer {
   Status status_;
 };
 
+Status WaitTransfers(std::vector<std::unique_ptr<Transfer>>* transfers, int64_t timeout_ms) {
+  for (size_t i = 0; i < transfers->size(); ++i) {
+    Status s = WaitTransfer((*transfers)[i].get(), timeout_ms);
+    if (!s.ok()) {
+      for (size_t j = i + 1; j < transfers->size(); ++j) (*transfers)[j]->Cancel();
+      return s;
+    }
+  }
+  transfers->clear();
+  return Status::OK();
+}
+
 Status WaitTransfer(Transfer* t, int64_t timeout_ms) {
   const int64_t start = NowMicros();
   const int64_t deadline = start + timeout_ms * 1000;

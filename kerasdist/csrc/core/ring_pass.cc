@@ -18,16 +18,6 @@ struct SegmentRecv {
   size_t bytes;
 };
 
-Status WaitAll(std::vector<std::unique_ptr<Transfer>>* transfers,
-               int64_t timeout_ms) {
-  for (auto& t : *transfers) {
-    Status s = WaitTransfer(t.get(), timeout_ms);
-    if (!s.ok()) return s;
-  }
-  transfers->clear();
-  return Status::OK();
-}
-
 }  // namespace
 
 Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
@@ -84,7 +74,7 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
     if (!reduce || fused_reduce) {
       // Writing into the segment in place: an earlier send out of it must
       // be done.
-      Status s = WaitAll(&sends[e.offset], options.timeout_ms);
+      Status s = WaitTransfers(&sends[e.offset], options.timeout_ms);
       if (!s.ok()) return s;
     }
     if (reduce && fused_reduce) {
@@ -138,7 +128,7 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
     }
   }
   for (auto& segment_sends : sends) {
-    Status s = WaitAll(&segment_sends.second, options.timeout_ms);
+    Status s = WaitTransfers(&segment_sends.second, options.timeout_ms);
     if (!s.ok()) return s;
   }
   if (!switched && phase_switch_time) *phase_switch_time = NowMicros();

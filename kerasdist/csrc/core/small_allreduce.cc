@@ -24,19 +24,6 @@ namespace kerasdist {
 
 namespace {
 
-// Waits for every transfer; on the first failure cancels the others.
-Status WaitEach(std::vector<std::unique_ptr<Transfer>>* transfers, int64_t timeout_ms) {
-  for (size_t i = 0; i < transfers->size(); ++i) {
-    Status s = WaitTransfer((*transfers)[i].get(), timeout_ms);
-    if (!s.ok()) {
-      for (size_t j = i + 1; j < transfers->size(); ++j) (*transfers)[j]->Cancel();
-      return s;
-    }
-  }
-  transfers->clear();
-  return Status::OK();
-}
-
 // `mine` op `theirs` with the lower rank's operand first, into `mine`.
 // `theirs` may be overwritten.
 void ReduceOrdered(char* mine, char* theirs, bool mine_first, size_t count, size_t bytes,
@@ -60,7 +47,7 @@ Status DirectExchange(Transport* t, char* buf, size_t count, size_t bytes, DataT
     transfers.push_back(t->Irecv(from, kTagData, slots + from * bytes, bytes));
   }
   for (int k = 1; k < n; ++k) transfers.push_back(t->Isend((r + k) % n, kTagData, buf, bytes));
-  Status s = WaitEach(&transfers, options.timeout_ms);
+  Status s = WaitTransfers(&transfers, options.timeout_ms);
   if (!s.ok()) return s;
   std::memcpy(slots + r * bytes, buf, bytes);
   std::memcpy(buf, slots, bytes);
@@ -75,7 +62,7 @@ Status Exchange(Transport* t, int peer, char* buf, char* incoming, size_t bytes,
   std::vector<std::unique_ptr<Transfer>> transfers;
   transfers.push_back(t->Irecv(peer, kTagData, incoming, bytes));
   transfers.push_back(t->Isend(peer, kTagData, buf, bytes));
-  return WaitEach(&transfers, options.timeout_ms);
+  return WaitTransfers(&transfers, options.timeout_ms);
 }
 
 Status RecursiveDoubling(Transport* t, char* buf, size_t count, size_t bytes, DataType dtype,
@@ -91,17 +78,17 @@ Status RecursiveDoubling(Transport* t, char* buf, size_t count, size_t bytes, Da
   if (r >= p2) {
     // Hand the data to rank r - p2, then receive the result from it.
     transfers.push_back(t->Isend(r - p2, kTagData, buf, bytes));
-    Status s = WaitEach(&transfers, options.timeout_ms);
+    Status s = WaitTransfers(&transfers, options.timeout_ms);
     if (!s.ok()) return s;
     transfers.push_back(t->Irecv(r - p2, kTagData, incoming, bytes));
-    s = WaitEach(&transfers, options.timeout_ms);
+    s = WaitTransfers(&transfers, options.timeout_ms);
     if (!s.ok()) return s;
     std::memcpy(buf, incoming, bytes);
     return Status::OK();
   }
   if (r < extra) {
     transfers.push_back(t->Irecv(r + p2, kTagData, incoming, bytes));
-    Status s = WaitEach(&transfers, options.timeout_ms);
+    Status s = WaitTransfers(&transfers, options.timeout_ms);
     if (!s.ok()) return s;
     ReduceInto(buf, incoming, count, dtype, op);  // rank r < r + p2: r first
   }
@@ -113,7 +100,7 @@ Status RecursiveDoubling(Transport* t, char* buf, size_t count, size_t bytes, Da
   }
   if (r < extra) {
     transfers.push_back(t->Isend(r + p2, kTagData, buf, bytes));
-    return WaitEach(&transfers, options.timeout_ms);
+    return WaitTransfers(&transfers, options.timeout_ms);
   }
   return Status::OK();
 }

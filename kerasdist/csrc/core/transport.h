@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common.h"
 
@@ -87,6 +88,11 @@ class Transport {
 // sleeps. On timeout cancels the transfer and returns kTimeout with a message
 // such as "timed out after 60000 ms receiving 4194304 bytes from rank 0".
 Status WaitTransfer(Transfer* t, int64_t timeout_ms);
+
+// Waits for every transfer in order, each with the bound above; on the first
+// failure cancels the rest and returns that failure. Empties the vector on
+// success.
+Status WaitTransfers(std::vector<std::unique_ptr<Transfer>>* transfers, int64_t timeout_ms);
 
 // Monotonic clock in microseconds.
 int64_t NowMicros();
