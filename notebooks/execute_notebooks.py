@@ -20,8 +20,6 @@ carry outputs and plots and no error.
 """
 
 import argparse
-import hashlib
-import json
 import os
 import re
 import sys
@@ -30,6 +28,8 @@ import time
 
 import nbclient
 import nbformat
+
+from nbutil import code_digest, write_kernelspec
 
 NOTEBOOKS_DIR = os.path.dirname(os.path.abspath(__file__))
 KERNEL_NAME = "kerasdist-notebook-python"
@@ -48,20 +48,6 @@ KERNELSPEC = {  # what the committed notebooks say, whoever executed them
 }
 
 
-def write_kernelspec(jupyter_dir):
-    """Writes a kernelspec for this Python under `jupyter_dir/kernels`."""
-    spec_dir = os.path.join(jupyter_dir, "kernels", KERNEL_NAME)
-    os.makedirs(spec_dir)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": f"Python ({sys.executable})",
-        "language": "python",
-        "metadata": {"debugger": False},
-    }
-    with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
-        json.dump(spec, f, indent=1)
-
-
 def clean_outputs(cell):
     """Drops noise from the cell's stream outputs and merges consecutive ones."""
     outputs = []
@@ -77,13 +63,6 @@ def clean_outputs(cell):
                 continue
         outputs.append(out)
     cell.outputs = outputs
-
-
-def code_digest(nb):
-    """The sha256 of the notebook's code, as it was executed."""
-    code = [cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-            for cell in nb["cells"] if cell["cell_type"] == "code"]  # (a file has lists of lines)
-    return hashlib.sha256(json.dumps(code).encode("utf-8")).hexdigest()
 
 
 def execute(path):
@@ -120,7 +99,7 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     with tempfile.TemporaryDirectory(prefix="kerasdist-notebooks-") as tmp:
-        write_kernelspec(os.path.join(tmp, "jupyter"))
+        write_kernelspec(os.path.join(tmp, "jupyter"), KERNEL_NAME)
         os.environ["JUPYTER_PATH"] = os.path.join(tmp, "jupyter")  # our kernelspec only
         os.environ["JUPYTER_RUNTIME_DIR"] = os.path.join(tmp, "runtime")
         os.environ["IPYTHONDIR"] = os.path.join(tmp, "ipython")

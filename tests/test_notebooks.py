@@ -25,7 +25,7 @@ Running requires `nbclient`, `nbformat`, `ipykernel` and `matplotlib`
 (skipped otherwise); the checks of the committed files need none of them.
 """
 
-import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -43,30 +43,19 @@ MAX_NOTEBOOK_BYTES = 1024 * 1024  # a committed notebook, plots included
 MAX_STREAM_CHARS = 20_000  # one cell's printed text (no progress-bar spam)
 
 
-def write_kernelspec(jupyter_dir):
-    """Writes a kernelspec for this Python under `jupyter_dir/kernels`."""
-    spec_dir = os.path.join(jupyter_dir, "kernels", KERNEL_NAME)
-    os.makedirs(spec_dir)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": f"Python ({sys.executable})",
-        "language": "python",
-        "metadata": {"debugger": False},
-    }
-    with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
-        json.dump(spec, f, indent=1)
+def _nbutil():
+    spec = importlib.util.spec_from_file_location("nbutil", os.path.join(NOTEBOOKS_DIR, "nbutil.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+nbutil = _nbutil()
+code_digest = nbutil.code_digest
 
 
 def test_notebooks_found():
     assert {"mnist_quickstart.ipynb", "mnist_timeline.ipynb"} <= set(NOTEBOOKS)
-
-
-def code_digest(nb):
-    """The sha256 of the notebook's code (as notebooks/execute_notebooks.py
-    records it in the metadata when it saves the outputs)."""
-    code = [cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-            for cell in nb["cells"] if cell["cell_type"] == "code"]  # (a file has lists of lines)
-    return hashlib.sha256(json.dumps(code).encode("utf-8")).hexdigest()
 
 
 def png_cells(cells):
@@ -122,7 +111,7 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     pytest.importorskip("ipykernel")
     pytest.importorskip("matplotlib")
     jupyter_dir = str(tmp_path / "jupyter")
-    write_kernelspec(jupyter_dir)
+    nbutil.write_kernelspec(jupyter_dir, KERNEL_NAME)
     # The kernel inherits this environment.
     monkeypatch.setenv("JUPYTER_PATH", jupyter_dir)  # our kernelspec only
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
