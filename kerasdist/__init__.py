@@ -32,7 +32,7 @@ _EXPORTS = {
     "scale_learning_rate": "kerasdist.schedules",
     "run": "kerasdist.launch",
 }
-for _name in ("Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce",
+for _name in ("Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce",
               "barrier", "broadcast", "grouped_allreduce", "join"):
     _EXPORTS[_name] = "kerasdist.ops"
 for _name in ("alltoall", "broadcast_", "grouped_allgather", "grouped_reducescatter",

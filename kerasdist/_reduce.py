@@ -66,10 +66,10 @@ def resolve_groups(num_groups, groups):
 def make_settings(op, gradient_predivide_factor, compression, sparse_as_dense,
                   postscale=1.0, groups=None):
     """Engine op and factors for Horovod's (op, gradient_predivide_factor)."""
-    if op not in (ops.Average, ops.Sum):
+    if op not in (ops.Average, ops.Sum, ops.Adasum):
         raise ValueError(
-            "Invalid value for argument `op`. Expected kerasdist.Average or "
-            f"kerasdist.Sum. Received: op={op!r}")
+            "Invalid value for argument `op`. Expected kerasdist.Average, "
+            f"kerasdist.Sum or kerasdist.Adasum. Received: op={op!r}")
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError(
             "`gradient_predivide_factor` requires op=kerasdist.Average. "

@@ -19,7 +19,9 @@ Sum = 1
 Min = 2
 Max = 3
 Product = 4
-_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
+Adasum = 5
+_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product",
+             Adasum: "Adasum"}
 
 SUPPORTED_DTYPES = (
     tf.float16, tf.bfloat16, tf.float32, tf.float64,
@@ -31,7 +33,7 @@ def _check_op(op):
     if op not in _OP_NAMES:
         raise ValueError(
             "Invalid value for argument `op`. Expected one of kerasdist.Average, "
-            "Sum, Min, Max, Product (0-4). Received: op=" + repr(op)
+            "Sum, Min, Max, Product, Adasum (0-5). Received: op=" + repr(op)
         )
 
 
@@ -126,8 +128,12 @@ def allreduce(
 
     Args:
         tensor: A tensor (or `tf.IndexedSlices`) of a supported dtype.
-        op: `kerasdist.Average`, `Sum`, `Min`, `Max` or `Product`. Defaults
-            to `None` (`Average`). Integer averages truncate toward zero.
+        op: `kerasdist.Average`, `Sum`, `Min`, `Max`, `Product` or
+            `Adasum`. Defaults to `None` (`Average`). Integer averages
+            truncate toward zero. `Adasum` is the adaptive sum of Maleki et
+            al. (the sum of orthogonal tensors, the average of parallel
+            ones), for floating-point tensors on a power-of-two number of
+            ranks.
         name: Name that matches this collective across ranks. Defaults to
             `None` (derived from call order or the graph node name).
         prescale_factor: Multiplies the input before the reduction.
@@ -152,12 +158,13 @@ def allreduce(
         RuntimeError: If kerasdist is not initialized.
         ValueError: For an invalid `op`, or both `op` and `average`.
         NotImplementedError: For `tf.IndexedSlices` (without
-            `sparse_as_dense`) with `Min`, `Max` or `Product`, or with a
-            pre- or postscale factor other than 1, as in Horovod.
+            `sparse_as_dense`) with `Min`, `Max`, `Product` or `Adasum`,
+            or with a pre- or postscale factor other than 1, as in Horovod.
         TypeError: For an unsupported dtype.
         tf.errors.FailedPreconditionError: At run time, when the ranks'
             dtype, shape or op for this name differ (the message names the
-            tensor and what each rank sent).
+            tensor and what each rank sent), or for `Adasum` on a number of
+            ranks that is not a power of two or an integer dtype.
 
     Example:
 
@@ -189,6 +196,11 @@ def allreduce(
 def _allreduce_sparse(slices, op, name, prescale_factor, postscale_factor):
     """Allgathers the values and indices: the sum of the slices (values
     divided by the size for `Average`), without densifying."""
+    if op == Adasum:
+        raise NotImplementedError(
+            "op=kerasdist.Adasum does not reduce tf.IndexedSlices (such as "
+            "an Embedding's gradient). Pass `sparse_as_dense=True` (to the "
+            "optimizer or to `allreduce`) to reduce them as dense tensors.")
     if op not in (Average, Sum):
         raise NotImplementedError(
             "Only op=kerasdist.Average and op=kerasdist.Sum are supported "

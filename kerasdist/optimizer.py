@@ -118,7 +118,10 @@ def DistributedOptimizer(
         name: Unused; accepted for Horovod compatibility. Defaults to `None`.
         compression: `Compression.none`, `fp16` or `bf16`, for the wire only.
             Defaults to `Compression.none`.
-        op: `kerasdist.Average` or `kerasdist.Sum`. Defaults to `Average`.
+        op: `kerasdist.Average`, `kerasdist.Sum` or `kerasdist.Adasum`
+            (adaptive summation: needs a power-of-two number of ranks and
+            floating-point gradients; do not scale the learning rate by
+            `size()` with it). Defaults to `Average`.
         backward_passes_per_step: Accumulate gradients locally over this many
             steps before updating, via Keras' `gradient_accumulation_steps`.
             Defaults to 1.

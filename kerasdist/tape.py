@@ -80,7 +80,10 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
             Defaults to `Compression.none`.
         sparse_as_dense: Allreduce `tf.IndexedSlices` gradients densely.
             Defaults to False.
-        op: `kerasdist.Average` or `kerasdist.Sum`. Defaults to `Average`.
+        op: `kerasdist.Average`, `kerasdist.Sum` or `kerasdist.Adasum`
+            (adaptive summation: needs a power-of-two number of ranks and
+            floating-point gradients; do not scale the learning rate by
+            `size()` with it). Defaults to `Average`.
         gradient_predivide_factor: With `op=Average`, divide by this factor
             before the sum and by `size / factor` after. Defaults to 1.0.
         num_groups: Deprecated form of `groups=<int>`. Defaults to 0.

@@ -81,3 +81,14 @@ def test_shutdown_reinit_subcomm_and_timeline(np_, tmp_path):
     out = run_mpi("lifecycle.py", np_, timeout=180,
                   env={"KERASDIST_TIMELINE": str(path)}).stdout
     assert "timeline events:" in out
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_adasum_matches_numpy_tree_per_tensor_with_identical_replicas(np_):
+    out = run_mpi("adasum.py", np_, timeout=300).stdout
+    assert out.count("adasum checks passed") == np_, out[-3000:]
+
+
+def test_adasum_on_three_ranks_is_a_clear_error_on_every_rank():
+    out = run_mpi("adasum.py", 3, timeout=120, args=["nonpow2"]).stdout
+    assert out.count("non-power-of-two error passed") == 3, out[-3000:]

@@ -2,6 +2,7 @@
 // ragged allgathers, broadcasts from every root, fused batches, barrier and
 // join (then the reducescatter and alltoall sweep of scatter.cc), each
 // checked bit for bit against the reference.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -258,6 +259,52 @@ void JoinRound(kerasdist::Engine* e, int rank, int size, int round, int* n) {
   ++*n;
 }
 
+// Adasum on float32 / float64 in cases with an exact answer: the same
+// vector on every rank gives that vector, disjoint (orthogonal) ones their
+// sum. On a size that is not a power of two, an error on every rank.
+void AdasumSweep(kerasdist::Engine* e, int rank, int size, int* n) {
+  const bool pow2 = (size & (size - 1)) == 0;
+  int k = 0;
+  for (DataType t : {DataType::kFloat32, DataType::kFloat64})
+    for (size_t count : {static_cast<size_t>(size) * 7, (static_cast<size_t>(1) << 20) + 3})
+      for (bool same : {true, false}) {
+        const std::string name = Name("adasum", t, std::to_string(count) + (same ? ".same" : ".orth"));
+        const size_t elem = kerasdist::DataTypeSize(t);
+        Buf in(count * elem), want(count * elem), out(count * elem);
+        for (size_t i = 0; i < count; ++i) {
+          // Blocks of `count / size` elements: rank r owns block r.
+          const size_t owner = std::min(i / (count / size), static_cast<size_t>(size - 1));
+          const double v = same ? 0.25 * static_cast<double>(i % 97) - 3.0
+                                : (owner == static_cast<size_t>(rank) ? 1.0 + rank : 0.0);
+          const double w = same ? v : 1.0 + static_cast<double>(owner);
+          if (t == DataType::kFloat32) {
+            reinterpret_cast<float*>(in.data())[i] = static_cast<float>(v);
+            reinterpret_cast<float*>(want.data())[i] = static_cast<float>(w);
+          } else {
+            reinterpret_cast<double*>(in.data())[i] = v;
+            reinterpret_cast<double*>(want.data())[i] = w;
+          }
+        }
+        auto slot = std::make_shared<Slot>();
+        Request r = MakeRequest(name, OpType::kAllreduce, t, {static_cast<int64_t>(count)}, slot);
+        r.meta.reduce_op = ReduceOp::kAdasum;
+        r.input = in.data();
+        r.output = out.data();
+        e->Enqueue(std::move(r));
+        Status s = Wait(slot, name);
+        ++*n;
+        if (!pow2) {
+          KDT_CHECK(!s.ok() && s.message().find("power-of-two") != std::string::npos,
+                    "'%s' on %d ranks: expected the power-of-two error, got: %s", name.c_str(),
+                    size, s.message().c_str());
+          if (++k == 2) return;  // the error, twice, is enough
+          continue;
+        }
+        ExpectOk(s, name);
+        ExpectEqual(name.c_str(), t, out.data(), want.data(), count);
+      }
+}
+
 }  // namespace
 
 int RunSweep(kerasdist::Engine* e, int rank, int size) {
@@ -267,6 +314,7 @@ int RunSweep(kerasdist::Engine* e, int rank, int size) {
   AllgatherSweep(e, rank, size, &n);
   BroadcastSweep(e, rank, size, &n);
   GroupedSweep(e, rank, size, &n);
+  AdasumSweep(e, rank, size, &n);
   for (int round = 0; round < 2; ++round) JoinRound(e, rank, size, round, &n);
   n += RunScatterSweep(e, rank, size);  // scatter.cc
   Barrier(e, "sweep.end");

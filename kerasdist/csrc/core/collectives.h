@@ -73,6 +73,13 @@ void RingChunk(size_t count, int size, int chunk, size_t* offset, size_t* elems)
 Status SmallAllreduce(Transport* transport, void* buf, size_t count, DataType dtype,
                       ReduceOp op, const CollectiveOptions& options,
                       std::vector<char>* scratch, RingTimes* times);
+// Adasum (adasum.cc): the adaptive sum of every rank's buffer, per tensor
+// (`counts`: elements of each tensor in `buf`, in order), as a binary tree
+// over a power-of-two number of ranks; float16, bfloat16, float32, float64.
+// Replicas are bit-identical.
+Status AdasumAllreduce(Transport* transport, void* buf, const std::vector<int64_t>& counts,
+                       DataType dtype, const CollectiveOptions& options,
+                       std::vector<char>* scratch, RingTimes* times);
 // Whether an allreduce of `bytes` on `size` ranks takes SmallAllreduce.
 bool UseSmallAllreduce(size_t bytes, int size, const CollectiveOptions& options);
 

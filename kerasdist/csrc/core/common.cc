@@ -37,6 +37,7 @@ const char* ReduceOpName(ReduceOp op) {
     case ReduceOp::kMin: return "min";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kProduct: return "product";
+    case ReduceOp::kAdasum: return "adasum";
   }
   return "unknown";
 }
@@ -62,6 +63,11 @@ bool IsIntegerType(DataType dtype) {
     case DataType::kInt8: return true;
     default: return false;
   }
+}
+
+bool IsAdasumType(DataType dtype) {
+  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
+         dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
 }
 
 int64_t NumElements(const std::vector<int64_t>& shape) {

@@ -30,6 +30,7 @@ enum class ReduceOp : int32_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  kAdasum = 5,  // adaptive summation (adasum.cc); allreduce only
 };
 
 // What a request asks the engine to do.
@@ -48,6 +49,8 @@ const char* DataTypeName(DataType dtype);
 const char* ReduceOpName(ReduceOp op);
 const char* OpTypeName(OpType op);
 bool IsIntegerType(DataType dtype);
+// The dtypes Adasum accepts: float16, bfloat16, float32, float64.
+bool IsAdasumType(DataType dtype);
 
 // Error categories. The binding maps them to TensorFlow status codes.
 enum class StatusCode : int32_t {

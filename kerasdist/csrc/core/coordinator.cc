@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
-// Cost per step (see benchmarks/COORDINATOR_SIM.md): a cached tensor that a
+// Cost per step (see README.md, "Cost at scale"): a cached tensor that a
 // rank submits costs one bit and a counter in its dense per-id Pending slot;
 // readiness is a counter reaching the size, not a scan over ranks; metadata
 // is stored once per distinct description, not per rank, so validation is
@@ -283,6 +283,17 @@ Coordinator::Ready Coordinator::Validate(int32_t idx, int64_t now_us) {
       msg += " (allgather: same rank and trailing dimensions, at least 1-D)";
     out.error = msg + ".";
     return out;
+  }
+  if (m0.type == OpType::kAllreduce && m0.reduce_op == ReduceOp::kAdasum) {
+    if (size_ & (size_ - 1)) {
+      out.error = "Adasum allreduce of '" + p.name +
+                  "' needs a power-of-two number of ranks. Received: size=" +
+                  std::to_string(size_) + ". Use op=Average or run on 2, 4, 8, ... ranks.";
+    } else if (!IsAdasumType(m0.dtype)) {
+      out.error = "Adasum allreduce of '" + p.name +
+                  "' needs a floating-point tensor (float16, bfloat16, float32, float64). "
+                  "Received: dtype=" + DataTypeName(m0.dtype) + ".";
+    }
   }
   if (m0.type == OpType::kBroadcast) {
     if (m0.root < 0 || m0.root >= size_) {

@@ -64,8 +64,12 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
   }
   const int64_t t1 = NowMicros();
   RingTimes times;
-  const bool small = UseSmallAllreduce(total * acc_elem, size_, config_.collective);
-  Status s = small ? SmallAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
+  const bool adasum = resp.reduce_op == ReduceOp::kAdasum;
+  const bool small =
+      !adasum && UseSmallAllreduce(total * acc_elem, size_, config_.collective);
+  Status s = adasum ? AdasumAllreduce(transport_.get(), buf, resp.counts, acc,
+                                      config_.collective, &scratch_, &times)
+             : small ? SmallAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
                                   config_.collective, &scratch_, &times)
              : local_ ? HierarchicalAllreduce(local_.get(), cross_.get(), buf, total, acc,
                                             resp.reduce_op, config_.collective, &scratch_,
@@ -91,7 +95,9 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
     const std::string names = JoinNames(reqs);
     const int64_t t3 = NowMicros();
     timeline_.Event(single ? "copy_in" : "memcpy_in_fusion_buffer", kRowCopies, t0, t1, names);
-    if (small) {
+    if (adasum) {
+      timeline_.Event("adasum", kRowCollective, times.start, times.end, names);
+    } else if (small) {
       timeline_.Event("small_allreduce", kRowCollective, times.start, times.end, names);
     } else {
       timeline_.Event("ring_reduce_scatter", kRowCollective, times.start,

@@ -106,7 +106,7 @@ class Reader {
 bool ValidMeta(const TensorMeta& m) {
   if (static_cast<uint32_t>(m.type) > static_cast<uint32_t>(OpType::kAlltoall) ||
       static_cast<uint32_t>(m.dtype) > static_cast<uint32_t>(DataType::kInt8) ||
-      static_cast<uint32_t>(m.reduce_op) > static_cast<uint32_t>(ReduceOp::kProduct))
+      static_cast<uint32_t>(m.reduce_op) > static_cast<uint32_t>(ReduceOp::kAdasum))
     return false;
   for (int64_t d : m.shape)
     if (d < 0) return false;

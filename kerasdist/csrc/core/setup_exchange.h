@@ -17,7 +17,7 @@
 namespace kerasdist {
 
 // Bumped whenever the control messages or the data path change shape.
-constexpr int32_t kProtocolVersion = 6;
+constexpr int32_t kProtocolVersion = 7;
 
 struct WireSettings {
   std::string version;           // the Python package's version

@@ -104,7 +104,7 @@ class ReduceKernel : public CollectiveKernel {
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
     OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
     OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
-    OP_REQUIRES(c, reduce_op_ >= 0 && reduce_op_ <= 4,
+    OP_REQUIRES(c, reduce_op_ >= 0 && reduce_op_ <= 5,
                 errors::InvalidArgument("Invalid reduce_op ", reduce_op_));
   }
 
