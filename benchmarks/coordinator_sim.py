@@ -3,7 +3,7 @@
 Compiles benchmarks/coordinator_sim.cc together with the core's coordinator,
 message codec, common and clock files (no TensorFlow, no MPI), runs it, prints
 a table, and writes benchmarks/results/coordinator_sim.json and a log-log plot
-benchmarks/results/coordinator_sim.png. See benchmarks/COORDINATOR_SIM.md.
+benchmarks/results/coordinator_sim.png. See README.md, "Cost at scale".
 
     python benchmarks/coordinator_sim.py [--ranks 8,16,...,1024] [--steps 50]
         [--tensors 200] [--fusion-bytes B] [--save-before] [--no-plot]

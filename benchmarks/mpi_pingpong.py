@@ -1,5 +1,5 @@
 """Point-to-point latency and bandwidth between 2 ranks, for the models in
-benchmarks/COORDINATOR_SIM.md (alpha: one hop's latency, beta: seconds per
+README.md, "Cost at scale" (alpha: one hop's latency, beta: seconds per
 byte).
 
     mpiexec -n 2 python benchmarks/mpi_pingpong.py [--iters 2000] [--json PATH]
