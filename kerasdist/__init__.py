@@ -31,6 +31,10 @@ _EXPORTS = {
     "LinearWarmup": "kerasdist.schedules",
     "scale_learning_rate": "kerasdist.schedules",
     "run": "kerasdist.launch",
+    "ProcessSet": "kerasdist.process_sets",
+    "global_process_set": "kerasdist.process_sets",
+    "add_process_set": "kerasdist.process_sets",
+    "remove_process_set": "kerasdist.process_sets",
 }
 for _name in ("Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce",
               "barrier", "broadcast", "grouped_allreduce", "join"):

@@ -89,8 +89,9 @@ def _was_broadcast(v):
     return _BROADCAST.get(id(v)) is v
 
 
-def sync_once(optimizer, variables, local_ids=()):
-    """Broadcasts from rank 0 before `optimizer`'s first update, if needed.
+def sync_once(optimizer, variables, local_ids=(), process_set=None):
+    """Broadcasts from rank 0 (the process set's first rank) before
+    `optimizer`'s first update, if needed.
 
     Variables whose ids are in `local_ids` (a partial optimizer's local
     layers) are left alone.
@@ -115,11 +116,12 @@ def sync_once(optimizer, variables, local_ids=()):
         if state.pop("_kerasdist_force_sync", False):
             need = 1
         flag = ops.allreduce(tf.constant(need, tf.int32), op=ops.Max,
-                             name="kerasdist.first_update.check")
+                             name="kerasdist.first_update.check", process_set=process_set)
         if int(flag):
+            first = process_set.ranks[0] if process_set is not None else 0
             broadcast_variables(everything,
-                                root_rank=state.get("_kerasdist_sync_root", 0),
-                                name="kerasdist.first_update")
+                                root_rank=state.get("_kerasdist_sync_root", first),
+                                name="kerasdist.first_update", process_set=process_set)
 
 
 def _readable(v):

@@ -109,14 +109,16 @@ class FitGuard(keras.callbacks.Callback):
 
     _kerasdist_never_stops = True
 
-    def __init__(self, may_stop_in_batch):
+    def __init__(self, may_stop_in_batch, process_set=None):
         super().__init__()
         self._local_batch_stops = bool(may_stop_in_batch)
         self.per_batch = False
+        self._process_set = process_set  # the optimizer's (None: every rank)
 
     def _agree(self, name):
         local = 1 if self.model.stop_training else 0
-        flag = ops.allreduce(tf.constant(local, tf.int32), op=ops.Max, name=name)
+        flag = ops.allreduce(tf.constant(local, tf.int32), op=ops.Max, name=name,
+                             process_set=self._process_set)
         self.model.stop_training = bool(int(flag))
 
     def on_train_begin(self, logs=None):
@@ -124,7 +126,7 @@ class FitGuard(keras.callbacks.Callback):
         if steps is not None:
             steps = int(steps)
         everyone = allgather_object((steps, self._local_batch_stops),
-                                    name="kerasdist.fit.begin")
+                                    name="kerasdist.fit.begin", process_set=self._process_set)
         counts = [s for s, _ in everyone]
         if all(s is not None for s in counts) and len(set(counts)) > 1:
             raise ValueError(_steps_message(counts))
@@ -143,11 +145,19 @@ class FitGuard(keras.callbacks.Callback):
         self._agree("kerasdist.fit.stop.epoch_end")
 
 
-def _is_guarded(model):
+def _settings(model):
+    """The reduction settings of `model`'s distributed optimizer, or None."""
     opt = getattr(model, "optimizer", None)
     inner = getattr(opt, "inner_optimizer", None)
-    distributed = any(getattr(o, "_kerasdist_distributed", False) for o in (opt, inner))
-    return distributed and context.initialized and context.size > 1
+    for o in (opt, inner):
+        if getattr(o, "_kerasdist_distributed", False):
+            return o.__dict__.get("_kerasdist_settings")
+    return None
+
+
+def _is_guarded(model):
+    settings = _settings(model)
+    return settings is not None and context.initialized and settings.size() > 1
 
 
 _ORIGINAL_FIT = None
@@ -169,13 +179,15 @@ def _guarded_fit(self, *args, **kwargs):
     bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)
     given = bound.arguments.get("callbacks")
     if isinstance(given, keras.callbacks.CallbackList):
-        guard = FitGuard(any(may_stop_in_batch(c) for c in given.callbacks))
+        guard = FitGuard(any(may_stop_in_batch(c) for c in given.callbacks),
+                         _settings(self).process_set)
         guard.set_model(self)
         guard.set_params(given.params)
         given.callbacks.append(guard)
     else:
         callbacks = _callback_list(given)
-        guard = FitGuard(any(may_stop_in_batch(c) for c in callbacks))
+        guard = FitGuard(any(may_stop_in_batch(c) for c in callbacks),
+                         _settings(self).process_set)
         bound.arguments["callbacks"] = callbacks + [guard]
     ACTIVE.add(id(self))
     try:

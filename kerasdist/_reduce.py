@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasdist import ops
+from kerasdist import process_sets as _sets
 from kerasdist.runtime import context
 
 
@@ -19,14 +20,15 @@ class Settings:
     gradients into that many fused groups) or a list of lists of variables
     (each list one fused group), or `None`. `local_ids` are the ids of
     variables whose gradients stay local; with `scale_local` they are
-    divided by the number of ranks.
+    divided by the number of ranks. `process_set` is the set reduced over
+    (`None`: every rank).
     """
 
     __slots__ = ("op", "prescale", "postscale", "compression", "sparse_as_dense",
-                 "groups", "local_ids", "scale_local")
+                 "groups", "local_ids", "scale_local", "process_set")
 
     def __init__(self, op, prescale, postscale, compression, sparse_as_dense,
-                 groups=None, local_ids=None, scale_local=True):
+                 groups=None, local_ids=None, scale_local=True, process_set=None):
         self.op = op
         self.prescale = prescale
         self.postscale = postscale
@@ -35,6 +37,12 @@ class Settings:
         self.groups = groups
         self.local_ids = set(local_ids or ())
         self.scale_local = scale_local
+        self.process_set = process_set
+
+    def size(self):
+        """The number of ranks the gradients are reduced over."""
+        set_id, _ = _sets.resolve(self.process_set, "DistributedOptimizer")
+        return _sets.rank_size(set_id)[1]
 
 
 def resolve_groups(num_groups, groups):
@@ -64,7 +72,7 @@ def resolve_groups(num_groups, groups):
 
 
 def make_settings(op, gradient_predivide_factor, compression, sparse_as_dense,
-                  postscale=1.0, groups=None):
+                  postscale=1.0, groups=None, process_set=None):
     """Engine op and factors for Horovod's (op, gradient_predivide_factor)."""
     if op not in (ops.Average, ops.Sum, ops.Adasum):
         raise ValueError(
@@ -78,9 +86,10 @@ def make_settings(op, gradient_predivide_factor, compression, sparse_as_dense,
     if gradient_predivide_factor != 1.0:
         reduce_op = ops.Sum
         prescale = 1.0 / gradient_predivide_factor
-        postscale *= gradient_predivide_factor / context.size
+        size = _sets.rank_size(_sets.resolve(process_set, "DistributedOptimizer")[0])[1]
+        postscale *= gradient_predivide_factor / size
     return Settings(reduce_op, prescale, postscale, compression, sparse_as_dense,
-                    groups=groups)
+                    groups=groups, process_set=process_set)
 
 
 def variable_ids(layers_or_variables):
@@ -105,7 +114,8 @@ def reduce_one(grad, settings, name=None):
     factor scales the gathered values (so a predivided average stays an
     average)."""
     if isinstance(grad, tf.IndexedSlices) and not settings.sparse_as_dense:
-        out = ops.allreduce(grad, op=settings.op, name=name)
+        out = ops.allreduce(grad, op=settings.op, name=name,
+                            process_set=settings.process_set)
         factor = settings.prescale * settings.postscale
         if factor != 1.0:
             out = tf.IndexedSlices(out.values * tf.cast(factor, out.values.dtype),
@@ -114,11 +124,11 @@ def reduce_one(grad, settings, name=None):
     return ops.allreduce(
         grad, op=settings.op, name=name, prescale_factor=settings.prescale,
         postscale_factor=settings.postscale, compression=settings.compression,
-        sparse_as_dense=settings.sparse_as_dense)
+        sparse_as_dense=settings.sparse_as_dense, process_set=settings.process_set)
 
 
-def _scale_local(grad):
-    size = float(context.size)
+def _scale_local(grad, size):
+    size = float(size)
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values / tf.cast(size, grad.values.dtype),
                                 grad.indices, dense_shape=grad.dense_shape)
@@ -151,7 +161,8 @@ def _group_plan(indices, variables, groups):
 def reduce_gradients(grads, variables, settings):
     """Reduces a flat list of gradients (None kept) for `variables`."""
     grads = list(grads)
-    if context.size == 1:
+    size = settings.size()
+    if size == 1:
         return grads
     out = list(grads)
     shared = []
@@ -160,7 +171,7 @@ def reduce_gradients(grads, variables, settings):
             continue
         if variables is not None and id(variables[i]) in settings.local_ids:
             if settings.scale_local:
-                out[i] = _scale_local(g)
+                out[i] = _scale_local(g, size)
             continue
         shared.append(i)
     for group in _group_plan(shared, variables, settings.groups):
@@ -175,7 +186,7 @@ def reduce_gradients(grads, variables, settings):
             reduced = ops.grouped_allreduce(
                 values, op=settings.op, prescale_factor=settings.prescale,
                 postscale_factor=settings.postscale,
-                compression=settings.compression)
+                compression=settings.compression, process_set=settings.process_set)
             for i, r in zip(dense, reduced):
                 out[i] = r
     return out

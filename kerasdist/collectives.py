@@ -14,7 +14,7 @@ import tensorflow as tf
 from kerasdist import _first_update, ops
 from kerasdist.compression import Compression
 from kerasdist.ops import Average, Sum, _OP_NAMES, _check_dtype, _grad_name, _tensor_name
-from kerasdist.queries import _check_process_set
+from kerasdist import process_sets as _sets
 from kerasdist.runtime import check_initialized, context
 
 
@@ -57,7 +57,8 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
             Integer averages truncate toward zero.
         name: Name that matches this collective across ranks. Defaults to
             `None` (derived from call order or the graph node name).
-        process_set: Only `None` (the global set). Defaults to `None`.
+        process_set: The `kerasdist.ProcessSet` to reduce over (rows are
+            split among its ranks, in order). Defaults to `None` (all).
         ignore_name_scope: Accepted for Horovod compatibility; kerasdist
             matches graph ops by their full node name. Defaults to False.
         prescale_factor: Multiplies the input before the reduction.
@@ -84,7 +85,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     >>> rows = kerasdist.reducescatter(tf.ones([5, 2]), op=kerasdist.Sum)
     """
     check_initialized()
-    _check_process_set(0, process_set)
+    set_id, _ = _sets.resolve(process_set, "reducescatter")
     del device_dense, ignore_name_scope
     op = _check_scatter_op(op)
     tensor = _tensor_of_rank1(tensor, "reducescatter")
@@ -92,7 +93,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     out = context.ops.kerasdist_reducescatter(
         wire, reduce_op=op, prescale_factor=float(prescale_factor),
         postscale_factor=float(postscale_factor),
-        tensor_name=_tensor_name("reducescatter", name))
+        tensor_name=_tensor_name("reducescatter", name, set_id), process_set_id=set_id)
     return compression.decompress(out, ctx)
 
 
@@ -119,7 +120,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     >>> a, b = kerasdist.grouped_reducescatter([tf.ones([4]), tf.ones([3, 2])])
     """
     check_initialized()
-    _check_process_set(0, process_set)
+    set_id, _ = _sets.resolve(process_set, "grouped_reducescatter")
     del device_dense
     op = _check_scatter_op(op)
     tensors = [_tensor_of_rank1(t, "grouped_reducescatter") for t in tensors]
@@ -129,7 +130,8 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     outs = context.ops.kerasdist_grouped_reducescatter(
         list(wires), reduce_op=op, prescale_factor=float(prescale_factor),
         postscale_factor=float(postscale_factor),
-        tensor_name=_tensor_name("grouped_reducescatter", name))
+        tensor_name=_tensor_name("grouped_reducescatter", name, set_id),
+        process_set_id=set_id)
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
@@ -151,7 +153,8 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
             `None`.
         ignore_name_scope: Accepted for Horovod compatibility. Defaults to
             False.
-        process_set: Only `None` (the global set). Defaults to `None`.
+        process_set: The `kerasdist.ProcessSet` to exchange in (`splits`
+            has one entry per member, in rank order). Defaults to `None`.
 
     Returns:
         As Horovod's TensorFlow API: with `splits`, a tuple `(tensor,
@@ -176,7 +179,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     >>> out, received = kerasdist.alltoall(tf.range(3), splits=[1, 2])
     """
     check_initialized()
-    _check_process_set(0, process_set)
+    set_id, _ = _sets.resolve(process_set, "alltoall")
     del ignore_name_scope
     tensor = _tensor_of_rank1(tensor, "alltoall")
     if splits is None:
@@ -190,11 +193,12 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         if wire_splits.shape.rank not in (None, 1):
             raise ValueError(
                 "Invalid value for argument `splits` of `alltoall`. Expected a "
-                f"1-D list of {context.size} integers. Received shape "
+                f"1-D list of {_sets.rank_size(set_id)[1]} integers. Received shape "
                 f"{wire_splits.shape}")
         wire_splits = tf.cast(wire_splits, tf.int32)
     out, received = context.ops.kerasdist_alltoall(
-        tensor, wire_splits, tensor_name=_tensor_name("alltoall", name))
+        tensor, wire_splits, tensor_name=_tensor_name("alltoall", name, set_id),
+        process_set_id=set_id)
     return (out, received) if splits is not None else out
 
 
@@ -210,7 +214,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
             Defaults to `None`.
         ignore_name_scope: Accepted for Horovod compatibility. Defaults to
             False.
-        process_set: Only `None` (the global set). Defaults to `None`.
+        process_set: The `kerasdist.ProcessSet` to gather over. Defaults to
+            `None` (all ranks).
 
     Returns:
         A list of gathered tensors, in the order of `tensors`.
@@ -220,13 +225,14 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
     >>> rows, ids = kerasdist.grouped_allgather([tf.ones([2, 3]), tf.range(2)])
     """
     check_initialized()
-    _check_process_set(0, process_set)
+    set_id, _ = _sets.resolve(process_set, "grouped_allgather")
     del ignore_name_scope
     tensors = [_tensor_of_rank1(t, "grouped_allgather") for t in tensors]
     if not tensors:
         return []
     return list(context.ops.kerasdist_grouped_allgather(
-        tensors, tensor_name=_tensor_name("grouped_allgather", name)))
+        tensors, tensor_name=_tensor_name("grouped_allgather", name, set_id),
+        process_set_id=set_id))
 
 
 def _resource_variable(var):
@@ -250,10 +256,11 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
     Args:
         variables: `tf.Variable`s or Keras variables, in the same order and
             with the same shapes and dtypes on every rank.
-        root_rank: The rank whose values are kept.
+        root_rank: The rank whose values are kept (in `process_set`).
         name: Prefix for the collectives' names; variable i is
             `"{name}.{i}"`. Defaults to `None`.
-        process_set: Only `None` (the global set). Defaults to `None`.
+        process_set: The `kerasdist.ProcessSet` to broadcast in. Defaults
+            to `None` (all ranks).
 
     Returns:
         The variables' new values, as tensors, in order.
@@ -269,11 +276,7 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
     >>> kerasdist.broadcast_(model.trainable_variables, root_rank=0)
     """
     check_initialized()
-    _check_process_set(0, process_set)
-    if not isinstance(root_rank, int) or not 0 <= root_rank < context.size:
-        raise ValueError(
-            "Invalid value for argument `root_rank`. Expected an integer in "
-            f"[0, {context.size}). Received: root_rank={root_rank!r}")
+    set_id, root = ops.set_root(root_rank, process_set, "broadcast_")
     originals = list(variables)
     resources = [_resource_variable(v) for v in originals]
     if not resources:
@@ -281,8 +284,8 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
     for v in resources:
         _check_dtype(v, "broadcast_")
     op = context.ops.kerasdist_broadcast_inplace(
-        [v.handle for v in resources], root_rank=root_rank,
-        tensor_name=_tensor_name("broadcast_", name))
+        [v.handle for v in resources], root_rank=root,
+        tensor_name=_tensor_name("broadcast_", name, set_id), process_set_id=set_id)
     _first_update.mark_broadcast(originals)
     if tf.executing_eagerly():
         return [v.read_value() for v in resources]
@@ -295,13 +298,14 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
 
 @tf.RegisterGradient("KerasdistReducescatter")
 def _reducescatter_grad(op, grad):
-    return _scale_scatter_grad(op, ops.allgather(grad, name=_grad_name(op, "grad")))
+    return _scale_scatter_grad(op, ops.allgather(grad, name=_grad_name(op, "grad"),
+                                                 process_set=_op_set(op)))
 
 
 @tf.RegisterGradient("KerasdistGroupedReducescatter")
 def _grouped_reducescatter_grad(op, *grads):
     grads = [tf.zeros_like(y) if g is None else g for g, y in zip(grads, op.outputs)]
-    gathered = grouped_allgather(grads, name=_grad_name(op, "grad"))
+    gathered = grouped_allgather(grads, name=_grad_name(op, "grad"), process_set=_op_set(op))
     return [_scale_scatter_grad(op, g) for g in gathered]
 
 
@@ -310,24 +314,31 @@ def _scale_scatter_grad(op, grad):
     times size() for Sum; kerasdist also applies the scale factors."""
     scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
     if op.get_attr("reduce_op") == Sum:
-        scale *= context.size
+        scale *= _sets.rank_size(op.get_attr("process_set_id"))[1]
     return grad if scale == 1.0 else grad * tf.cast(scale, grad.dtype)
 
 
 @tf.RegisterGradient("KerasdistAlltoall")
 def _alltoall_grad(op, grad, _received_splits_grad):
-    grad, _ = alltoall(grad, splits=op.outputs[1], name=_grad_name(op, "grad"))
+    grad, _ = alltoall(grad, splits=op.outputs[1], name=_grad_name(op, "grad"),
+                       process_set=_op_set(op))
     return [grad, None]
 
 
 @tf.RegisterGradient("KerasdistGroupedAllgather")
 def _grouped_allgather_grad(op, *grads):
     grads = [tf.zeros_like(y) if g is None else g for g, y in zip(grads, op.outputs)]
-    reduced = ops.grouped_allreduce(grads, op=Average, name=_grad_name(op, "grad"))
+    ps = _op_set(op)
+    rank, size = _sets.rank_size(op.get_attr("process_set_id"))
+    reduced = ops.grouped_allreduce(grads, op=Average, name=_grad_name(op, "grad"),
+                                    process_set=ps)
     dims = [tf.shape(x, out_type=tf.int64)[:1] for x in op.inputs]
-    sizes = grouped_allgather(dims, name=_grad_name(op, "grad_sizes"))
-    return [tf.split(g, s, num=context.size, axis=0)[context.rank]
-            for g, s in zip(reduced, sizes)]
+    sizes = grouped_allgather(dims, name=_grad_name(op, "grad_sizes"), process_set=ps)
+    return [tf.split(g, s, num=size, axis=0)[rank] for g, s in zip(reduced, sizes)]
+
+
+def _op_set(op):
+    return _sets.by_id(op.get_attr("process_set_id"))
 
 
 tf.no_gradient("KerasdistBroadcastInplace")

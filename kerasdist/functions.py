@@ -5,10 +5,16 @@ import numpy as np
 import tensorflow as tf
 
 from kerasdist import _first_update, ops
+from kerasdist import process_sets as _sets
 from kerasdist.runtime import check_initialized, context
 
 
-def broadcast_variables(variables, root_rank=0, name=None):
+def _next_name(kind, process_set, what):
+    set_id, _ = _sets.resolve(process_set, what)
+    return context.next_name(f"{kind}.set{set_id}" if set_id else kind)
+
+
+def broadcast_variables(variables, root_rank=0, name=None, process_set=None):
     """Assigns `root_rank`'s values to `variables` on every rank.
 
     Args:
@@ -18,6 +24,8 @@ def broadcast_variables(variables, root_rank=0, name=None):
         name: Prefix for the collectives' names. Defaults to `None`
             (numbered per call when eager, graph node names inside a
             `tf.function`, so several calls may be in flight together).
+        process_set: The `kerasdist.ProcessSet` to broadcast in. Defaults
+            to `None` (all ranks).
     """
     check_initialized()
     variables = list(variables)
@@ -25,15 +33,16 @@ def broadcast_variables(variables, root_rank=0, name=None):
         prefix = None  # each op is named after its graph node: unique
     else:
         # Unique per call, so two calls in flight at once never collide.
-        prefix = name or context.next_name("broadcast_variables")
+        prefix = name or _next_name("broadcast_variables", process_set, "broadcast_variables")
     for i, var in enumerate(variables):
         value = ops.broadcast(tf.convert_to_tensor(var), root_rank,
-                              name=f"{prefix}.{i}" if prefix else None)
+                              name=f"{prefix}.{i}" if prefix else None,
+                              process_set=process_set)
         var.assign(value)
     _first_update.mark_broadcast(variables)
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
     """Returns `root_rank`'s `obj` on every rank (pickled with cloudpickle).
 
     Inside a `tf.function` it runs when the function is traced (eagerly,
@@ -43,7 +52,11 @@ def broadcast_object(obj, root_rank=0, name=None):
     Args:
         obj: Any picklable object; only the root's value is used.
         root_rank: The sending rank. Defaults to 0.
+        session: Unused (TensorFlow 2 has no sessions); accepted for Horovod
+            compatibility. Defaults to `None`.
         name: Name for the underlying collectives. Defaults to `None`.
+        process_set: The `kerasdist.ProcessSet` to broadcast in. Defaults
+            to `None` (all ranks).
 
     Returns:
         The root's object.
@@ -53,25 +66,27 @@ def broadcast_object(obj, root_rank=0, name=None):
     >>> config = kerasdist.broadcast_object({"lr": 0.1} if kerasdist.rank() == 0 else None)
     """
     check_initialized()
+    del session
     if not tf.executing_eagerly():
         with tf.init_scope():
-            return broadcast_object(obj, root_rank, name)
-    name = name or context.next_name("broadcast_object")
+            return broadcast_object(obj, root_rank, name=name, process_set=process_set)
+    name = name or _next_name("broadcast_object", process_set, "broadcast_object")
     if context.rank == root_rank:
         payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     else:
         payload = np.zeros(0, dtype=np.uint8)
     length = ops.broadcast(tf.constant([payload.size], tf.int64), root_rank,
-                           name=f"{name}.size")
+                           name=f"{name}.size", process_set=process_set)
     if context.rank != root_rank:
         payload = np.zeros(int(length[0]), dtype=np.uint8)
-    data = ops.broadcast(tf.constant(payload), root_rank, name=f"{name}.data")
+    data = ops.broadcast(tf.constant(payload), root_rank, name=f"{name}.data",
+                         process_set=process_set)
     if context.rank == root_rank:
         return obj
     return cloudpickle.loads(data.numpy().tobytes())
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, session=None, name=None, process_set=None):
     """Returns the list of every rank's `obj`, ordered by rank.
 
     Inside a `tf.function` it runs when the function is traced, like
@@ -79,23 +94,30 @@ def allgather_object(obj, name=None):
 
     Args:
         obj: Any picklable object.
+        session: Unused; accepted for Horovod compatibility. Defaults to
+            `None`.
         name: Name for the underlying collectives. Defaults to `None`.
+        process_set: The `kerasdist.ProcessSet` to gather over. Defaults to
+            `None` (all ranks).
 
     Returns:
-        A list of `size()` objects, rank 0's first.
+        A list of `size()` objects (the set's size), rank 0's first.
 
     Example:
 
     >>> hosts = kerasdist.allgather_object(socket.gethostname())
     """
     check_initialized()
+    del session
     if not tf.executing_eagerly():
         with tf.init_scope():
-            return allgather_object(obj, name)
-    name = name or context.next_name("allgather_object")
+            return allgather_object(obj, name=name, process_set=process_set)
+    name = name or _next_name("allgather_object", process_set, "allgather_object")
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
-    sizes = ops.allgather(tf.constant([payload.size], tf.int64), name=f"{name}.size")
-    data = ops.allgather(tf.constant(payload), name=f"{name}.data").numpy()
+    sizes = ops.allgather(tf.constant([payload.size], tf.int64), name=f"{name}.size",
+                          process_set=process_set)
+    data = ops.allgather(tf.constant(payload), name=f"{name}.data",
+                         process_set=process_set).numpy()
     out, offset = [], 0
     for n in sizes.numpy():
         out.append(cloudpickle.loads(data[offset:offset + n].tobytes()))

@@ -11,6 +11,7 @@ import warnings
 
 import tensorflow as tf
 
+from kerasdist import process_sets as _sets
 from kerasdist.compression import Compression
 from kerasdist.runtime import check_initialized, context
 
@@ -77,7 +78,7 @@ def _check_not_xla(kind):
         )
 
 
-def _tensor_name(kind, name):
+def _tensor_name(kind, name, set_id=0):
     _check_not_xla(kind)
     if name is not None:
         if not isinstance(name, str) or not name:
@@ -87,7 +88,8 @@ def _tensor_name(kind, name):
             )
         return name
     if tf.executing_eagerly():
-        return context.next_name(kind)
+        # Per process set: only its members issue its calls.
+        return context.next_name(f"{kind}.set{set_id}" if set_id else kind)
     return ""  # inside a graph: the kernel uses the op's node name
 
 
@@ -123,6 +125,7 @@ def allreduce(
     average=None,
     device_dense="",
     device_sparse="",
+    process_set=None,
 ):
     """Reduces a tensor over all ranks; every rank receives the result.
 
@@ -149,6 +152,8 @@ def allreduce(
             `average`, not both. Defaults to `None`.
         device_dense, device_sparse: Unused (CPU only); accepted for Horovod
             compatibility. Default to `""`.
+        process_set: The `kerasdist.ProcessSet` to reduce over (this rank
+            must be in it). Defaults to `None` (`global_process_set`).
 
     Returns:
         A tensor with the same shape and dtype as `tensor` (a
@@ -174,12 +179,13 @@ def allreduce(
     del device_dense, device_sparse
     op = _resolve_op(op, average, "allreduce")
     _check_op(op)
+    set_id, _ = _sets.resolve(process_set, "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
         if sparse_as_dense:
             tensor = tf.convert_to_tensor(tensor)
         else:
             return _allreduce_sparse(tensor, op, name, prescale_factor,
-                                     postscale_factor)
+                                     postscale_factor, process_set)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "allreduce")
     wire, ctx = compression.compress(tensor)
@@ -188,12 +194,13 @@ def allreduce(
         reduce_op=op,
         prescale_factor=float(prescale_factor),
         postscale_factor=float(postscale_factor),
-        tensor_name=_tensor_name("allreduce", name),
+        tensor_name=_tensor_name("allreduce", name, set_id),
+        process_set_id=set_id,
     )
     return compression.decompress(out, ctx)
 
 
-def _allreduce_sparse(slices, op, name, prescale_factor, postscale_factor):
+def _allreduce_sparse(slices, op, name, prescale_factor, postscale_factor, process_set=None):
     """Allgathers the values and indices: the sum of the slices (values
     divided by the size for `Average`), without densifying."""
     if op == Adasum:
@@ -214,17 +221,18 @@ def _allreduce_sparse(slices, op, name, prescale_factor, postscale_factor):
             f"postscale_factor={postscale_factor!r}. Scale the values "
             "yourself, or pass `sparse_as_dense=True`."
         )
-    values = allgather(slices.values, name=_derived(name, "values"))
-    indices = allgather(slices.indices, name=_derived(name, "indices"))
+    values = allgather(slices.values, name=_derived(name, "values"), process_set=process_set)
+    indices = allgather(slices.indices, name=_derived(name, "indices"), process_set=process_set)
     if op == Average:
-        values = values / tf.cast(context.size, values.dtype)
+        size = _sets.rank_size(_sets.resolve(process_set, "allreduce")[0])[1]
+        values = values / tf.cast(size, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
 def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0,
                       postscale_factor=1.0, compression=Compression.none,
                       sparse_as_dense=False, average=None, device_dense="",
-                      device_sparse=""):
+                      device_sparse="", process_set=None):
     """Allreduces a list of tensors in one op; the engine fuses them.
 
     The dense tensors go to the engine together, so they are fused into few
@@ -234,7 +242,8 @@ def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0,
     Args:
         tensors: A list of tensors (dtypes may differ).
         op, prescale_factor, postscale_factor, compression, sparse_as_dense,
-            average, device_dense, device_sparse: As in `allreduce`.
+            average, device_dense, device_sparse, process_set: As in
+            `allreduce`.
         name: Prefix for the tensors' names; tensor i is `"{name}.{i}"`.
             Defaults to `None`.
 
@@ -244,17 +253,18 @@ def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0,
     check_initialized()
     op = _resolve_op(op, average, "grouped_allreduce")
     _check_op(op)
+    set_id, _ = _sets.resolve(process_set, "grouped_allreduce")
     tensors = list(tensors)
     if not tensors:
         return []
-    base = _tensor_name("grouped_allreduce", name)
+    base = _tensor_name("grouped_allreduce", name, set_id)
     results = [None] * len(tensors)
     dense, wires, ctxs = [], [], []
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
             results[i] = allreduce(
                 t, op, _derived(base, f"sparse.{i}"), prescale_factor,
-                postscale_factor, compression, sparse_as_dense)
+                postscale_factor, compression, sparse_as_dense, process_set=process_set)
             continue
         t = tf.convert_to_tensor(t)
         _check_dtype(t, "grouped_allreduce")
@@ -269,13 +279,14 @@ def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0,
             prescale_factor=float(prescale_factor),
             postscale_factor=float(postscale_factor),
             tensor_name=base,
+            process_set_id=set_id,
         )
         for i, out, ctx in zip(dense, outs, ctxs):
             results[i] = compression.decompress(out, ctx)
     return results
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Concatenates each rank's tensor along the first dimension.
 
     The first dimension may differ between ranks; the other dimensions and
@@ -285,11 +296,17 @@ def allgather(tensor, name=None):
         tensor: A tensor with at least one dimension.
         name: Name that matches this collective across ranks. Defaults to
             `None`.
+        ignore_name_scope: Unused; accepted for Horovod compatibility.
+            Defaults to False.
+        process_set: The `kerasdist.ProcessSet` to gather over, in the order
+            of its ranks. Defaults to `None` (`global_process_set`).
 
     Returns:
         A tensor whose first dimension is the sum over ranks.
     """
     check_initialized()
+    del ignore_name_scope
+    set_id, _ = _sets.resolve(process_set, "allgather")
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "allgather")
     if tensor.shape.rank == 0:
@@ -298,39 +315,59 @@ def allgather(tensor, name=None):
             "Received a scalar; reshape it to [1] first."
         )
     return context.ops.kerasdist_allgather(
-        tensor, tensor_name=_tensor_name("allgather", name)
+        tensor, tensor_name=_tensor_name("allgather", name, set_id), process_set_id=set_id
     )
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
     """Returns `root_rank`'s value of `tensor` on every rank.
 
     Args:
         tensor: A tensor of the same shape and dtype on every rank.
-        root_rank: The rank whose value is sent.
+        root_rank: The rank whose value is sent (a rank of `init()`'s
+            communicator, in `process_set`, as in Horovod).
         name: Name that matches this collective across ranks. Defaults to
             `None`.
+        ignore_name_scope: Unused; accepted for Horovod compatibility.
+            Defaults to False.
+        process_set: The `kerasdist.ProcessSet` to broadcast in. Defaults
+            to `None` (`global_process_set`).
 
     Returns:
         A tensor equal to the root's `tensor`.
     """
     check_initialized()
-    if not isinstance(root_rank, int) or not 0 <= root_rank < context.size:
-        raise ValueError(
-            "Invalid value for argument `root_rank`. Expected an integer in "
-            f"[0, {context.size}). Received: root_rank={root_rank!r}"
-        )
+    del ignore_name_scope
+    set_id, root = set_root(root_rank, process_set, "broadcast")
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, "broadcast")
     return context.ops.kerasdist_broadcast(
-        tensor, root_rank=root_rank, tensor_name=_tensor_name("broadcast", name)
+        tensor, root_rank=root, tensor_name=_tensor_name("broadcast", name, set_id),
+        process_set_id=set_id,
     )
 
 
-def barrier(name=None):
-    """Blocks until every rank has called `barrier()`."""
+def set_root(root_rank, process_set, what):
+    """(set id, the root's rank within the set) for a broadcast."""
+    set_id, ranks = _sets.resolve(process_set, what)
+    members = ranks if ranks is not None else range(context.size)
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or root_rank not in members:
+        expected = (f"one of the process set's ranks {ranks}" if ranks is not None
+                    else f"an integer in [0, {context.size})")
+        raise ValueError(
+            f"Invalid value for argument `root_rank`. Expected {expected}. "
+            f"Received: root_rank={root_rank!r}"
+        )
+    return set_id, (root_rank if ranks is None else ranks.index(root_rank))
+
+
+def barrier(name=None, process_set=None):
+    """Blocks until every rank (of `process_set`, default all) has called
+    `barrier()`."""
     check_initialized()
-    context.ops.kerasdist_barrier(tensor_name=_tensor_name("barrier", name))
+    set_id, _ = _sets.resolve(process_set, "barrier")
+    context.ops.kerasdist_barrier(tensor_name=_tensor_name("barrier", name, set_id),
+                                  process_set_id=set_id)
 
 
 def join():
@@ -374,6 +411,7 @@ def _reduce_grad_args(op, kind):
         name=_grad_name(op, "grad"),
         prescale_factor=op.get_attr("prescale_factor"),
         postscale_factor=op.get_attr("postscale_factor"),
+        process_set=_sets.by_id(op.get_attr("process_set_id")),
     )
 
 
@@ -390,14 +428,19 @@ def _grouped_allreduce_grad(op, *grads):
 
 @tf.RegisterGradient("KerasdistAllgather")
 def _allgather_grad(op, grad):
-    grad = allreduce(grad, op=Average, name=_grad_name(op, "grad"))
+    set_id = op.get_attr("process_set_id")
+    ps = _sets.by_id(set_id)
+    rank, size = _sets.rank_size(set_id)
+    grad = allreduce(grad, op=Average, name=_grad_name(op, "grad"), process_set=ps)
     dim0 = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
-    sizes = allgather(dim0, name=_grad_name(op, "grad_sizes"))
-    return tf.split(grad, sizes, num=context.size, axis=0)[context.rank]
+    sizes = allgather(dim0, name=_grad_name(op, "grad_sizes"), process_set=ps)
+    return tf.split(grad, sizes, num=size, axis=0)[rank]
 
 
 @tf.RegisterGradient("KerasdistBroadcast")
 def _broadcast_grad(op, grad):
-    root = op.get_attr("root_rank")
-    grad = allreduce(grad, op=Average, name=_grad_name(op, "grad"))
-    return grad if context.rank == root else tf.zeros_like(grad)
+    root = op.get_attr("root_rank")  # within the process set
+    set_id = op.get_attr("process_set_id")
+    grad = allreduce(grad, op=Average, name=_grad_name(op, "grad"),
+                     process_set=_sets.by_id(set_id))
+    return grad if _sets.rank_size(set_id)[0] == root else tf.zeros_like(grad)

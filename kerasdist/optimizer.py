@@ -27,12 +27,13 @@ class _DistributedMixin:
         settings = self.__dict__.get("_kerasdist_settings")
         # Checked at every size, so a single-process run already reports it.
         ops._check_not_xla("DistributedOptimizer")
-        if settings is None or context.size == 1:
+        if settings is None or settings.size() == 1:
             return grads
         variables = None
         if trainable_variables is not None:
             variables = list(trainable_variables)
-            _first_update.sync_once(self, variables, settings.local_ids)
+            _first_update.sync_once(self, variables, settings.local_ids,
+                                    settings.process_set)
         return _reduce.reduce_gradients(grads, variables, settings)
 
     def register_local_var(self, var):
@@ -98,6 +99,7 @@ def DistributedOptimizer(
     groups=None,
     device_dense="",
     device_sparse="",
+    process_set=None,
 ):
     """Makes a Keras 3 optimizer average gradients across all ranks.
 
@@ -141,6 +143,9 @@ def DistributedOptimizer(
             Defaults to `None` (one allreduce per gradient).
         device_dense, device_sparse: Unused (CPU only); accepted for Horovod
             compatibility. Default to `""`.
+        process_set: The `kerasdist.ProcessSet` whose ranks average their
+            gradients (only they may train with this optimizer). Defaults
+            to `None` (every rank).
 
     If nothing has broadcast the variables yet (no
     `BroadcastGlobalVariablesCallback`, no `broadcast_variables`), the first
@@ -173,7 +178,7 @@ def DistributedOptimizer(
         )
     group_spec = _reduce.resolve_groups(num_groups, groups)
     _reduce.make_settings(op, gradient_predivide_factor, compression,
-                          sparse_as_dense)  # validates op and the factor
+                          sparse_as_dense, process_set=process_set)  # validates
     if (
         keras.mixed_precision.global_policy().name == "mixed_float16"
         and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
@@ -194,7 +199,7 @@ def DistributedOptimizer(
             # Keras averages accumulated gradients; Horovod's default sums.
             postscale = float(backward_passes_per_step)
     settings = _reduce.make_settings(op, gradient_predivide_factor, compression,
-                                     sparse_as_dense, postscale, group_spec)
+                                     sparse_as_dense, postscale, group_spec, process_set)
     return _make_distributed(optimizer, settings)
 
 

@@ -6,8 +6,8 @@ kernel that reads the live context when it runs), so inside a
 function traced before `shutdown()` and `init(comm=...)` on another
 communicator reads the new rank and size.
 
-Process sets do not exist in kerasdist yet: the `process_set_id` /
-`process_set` arguments accept only the global set (0 or `None`).
+`size_op` and `process_set_included_op` take a process set, by id or as a
+`kerasdist.ProcessSet`.
 """
 
 import os
@@ -19,22 +19,27 @@ from kerasdist.runtime import check_initialized, context
 _RANK, _LOCAL_RANK, _SIZE, _LOCAL_SIZE, _INCLUDED = range(5)
 
 
-def _check_process_set(process_set_id, process_set):
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise ValueError(
-            "Invalid value for argument `process_set`. kerasdist has no "
-            "process sets yet; only the global set (None) is accepted. "
-            f"Received: process_set={process_set!r}")
-    if process_set_id != 0:
-        raise ValueError(
-            "Invalid value for argument `process_set_id`. kerasdist has no "
-            "process sets yet; only the global set (0) is accepted. "
-            f"Received: process_set_id={process_set_id!r}")
-
-
-def _query(kind, name):
+def _set_id(process_set_id, process_set):
+    """The id of the set given by id or object; checks that it exists."""
     check_initialized()
-    return context.ops.kerasdist_query(query=kind, name=name)
+    if process_set is not None:
+        set_id = getattr(process_set, "process_set_id", None)
+        if set_id is None:
+            raise ValueError(f"{process_set!r} is not registered. Call "
+                             "`kerasdist.add_process_set()` first.")
+        return set_id
+    if not isinstance(process_set_id, int) or (
+            process_set_id != 0 and process_set_id not in context.process_sets):
+        raise ValueError(
+            "Invalid value for argument `process_set_id`. Expected 0 or the id of a "
+            f"registered process set ({sorted(context.process_sets)}). "
+            f"Received: process_set_id={process_set_id!r}")
+    return process_set_id
+
+
+def _query(kind, name, set_id=0):
+    check_initialized()
+    return context.ops.kerasdist_query(query=kind, name=name, process_set_id=set_id)
 
 
 def rank_op(name=None):
@@ -70,19 +75,19 @@ def local_rank_op(name=None):
 
 
 def size_op(process_set_id=0, name=None, process_set=None):
-    """Returns the number of processes as an int32 scalar tensor, read when
-    the op runs.
+    """Returns the number of processes (in a process set) as an int32
+    scalar tensor, read when the op runs.
 
     Args:
-        process_set_id: Only 0 (the global set). Defaults to 0.
+        process_set_id: The set's id; 0 is every process. Defaults to 0.
         name: The op's name. Defaults to `None`.
-        process_set: Only `None` (the global set). Defaults to `None`.
+        process_set: The `kerasdist.ProcessSet`, instead of its id.
+            Defaults to `None`.
 
     Returns:
         A scalar `tf.int32` tensor.
     """
-    _check_process_set(process_set_id, process_set)
-    return _query(_SIZE, name)
+    return _query(_SIZE, name, _set_id(process_set_id, process_set))
 
 
 def local_size_op(name=None):
@@ -99,20 +104,19 @@ def local_size_op(name=None):
 
 
 def process_set_included_op(process_set_id=0, name=None, process_set=None):
-    """Returns 1 (int32 scalar tensor) if this process is in the process set.
-
-    Only the global process set exists, which every process is in.
+    """Returns 1 (int32 scalar tensor) if this process is in the process set,
+    else 0.
 
     Args:
-        process_set_id: Only 0 (the global set). Defaults to 0.
+        process_set_id: The set's id; 0 is every process. Defaults to 0.
         name: The op's name. Defaults to `None`.
-        process_set: Only `None` (the global set). Defaults to `None`.
+        process_set: The `kerasdist.ProcessSet`, instead of its id.
+            Defaults to `None`.
 
     Returns:
-        A scalar `tf.int32` tensor, 1.
+        A scalar `tf.int32` tensor.
     """
-    _check_process_set(process_set_id, process_set)
-    return _query(_INCLUDED, name)
+    return _query(_INCLUDED, name, _set_id(process_set_id, process_set))
 
 
 def is_homogeneous():

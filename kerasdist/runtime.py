@@ -31,6 +31,8 @@ class Context:
         self.config = None
         self.name_counters = {}
         self.atexit_registered = False
+        self.process_sets = {}  # id -> ProcessSet (kerasdist.process_sets)
+        self.next_process_set_id = 1
 
     # Unnamed eager collectives cycle through this many names. TensorFlow
     # keeps one eager kernel per distinct `tensor_name` attribute (about
@@ -180,7 +182,7 @@ def _package_version():
     return _build_info.KERASDIST_VERSION
 
 
-def init(comm=None):
+def init(comm=None, process_sets=None):
     """Initializes kerasdist and starts its background engine.
 
     Safe to call more than once; later calls do nothing. After `shutdown()`,
@@ -189,6 +191,10 @@ def init(comm=None):
     Args:
         comm: The processes to train with: an mpi4py communicator, a list of
             world ranks, or `None` for `MPI.COMM_WORLD`. Defaults to `None`.
+        process_sets: A list of `kerasdist.ProcessSet` to register now (as
+            `add_process_set` would, on every rank), or `"dynamic"` (accepted
+            for Horovod compatibility: sets can always be added later).
+            Defaults to `None`.
 
     Raises:
         ValueError: If `comm` or a `KERASDIST_*` variable is invalid.
@@ -198,6 +204,10 @@ def init(comm=None):
     ctx = context
     if ctx.initialized:
         return
+    if process_sets not in (None, "dynamic") and not isinstance(process_sets, (list, tuple)):
+        raise ValueError(
+            "Invalid value for argument `process_sets`. Expected a list of "
+            f"kerasdist.ProcessSet, 'dynamic' or None. Received: {process_sets!r}")
     config = read_config()
     mpi_comm = _resolve_comm(comm)
     if not ctx.atexit_registered:
@@ -242,6 +252,10 @@ def init(comm=None):
     _set_thread_pools(ctx.local_size)
     import kerasdist.ops  # noqa: F401  (registers the ops' gradients)
     import kerasdist.collectives  # noqa: F401  (and these)
+    if isinstance(process_sets, (list, tuple)) and process_sets:
+        from kerasdist import process_sets as _sets
+
+        _sets._register(list(process_sets))
 
 
 # How long exiting may take after a failed collective before the process
@@ -265,6 +279,10 @@ def shutdown():
         return
     ctx.lib.kerasdist_shutdown()
     ctx.initialized = False
+    for ps in ctx.process_sets.values():
+        ps.process_set_id = None
+    ctx.process_sets = {}
+    ctx.next_process_set_id = 1
 
 
 def is_initialized():

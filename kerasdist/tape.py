@@ -21,7 +21,7 @@ class _DistributedTapeMixin:
         grads = super().gradient(target, sources, output_gradients=output_gradients,
                                  unconnected_gradients=unconnected_gradients)
         settings = self.__dict__["_kerasdist_settings"]
-        if context.size == 1:
+        if settings.size() == 1:
             return grads
         ops._check_not_xla("DistributedGradientTape")
         flat_sources = tf.nest.flatten(sources)
@@ -63,7 +63,7 @@ def _wrap(gradtape, settings):
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
                             compression=Compression.none, sparse_as_dense=False,
                             op=ops.Average, gradient_predivide_factor=1.0,
-                            num_groups=0, groups=None):
+                            num_groups=0, groups=None, process_set=None):
     """Wraps a `tf.GradientTape` so that `gradient()` averages across ranks.
 
     The returned tape records into the same tape as `gradtape` (wrap it
@@ -91,6 +91,9 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
             grouped, fused allreduce) or a list of lists of variables (each
             list one group; the other gradients one by one). Defaults to
             `None`.
+        process_set: The `kerasdist.ProcessSet` whose ranks average their
+            gradients (only they may call `gradient()`). Defaults to `None`
+            (every rank).
 
     Returns:
         A `tf.GradientTape` (a subclass of `gradtape`'s class).
@@ -110,7 +113,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     del device_dense, device_sparse
     group_spec = _reduce.resolve_groups(num_groups, groups)
     settings = _reduce.make_settings(op, gradient_predivide_factor, compression,
-                                     sparse_as_dense, groups=group_spec)
+                                     sparse_as_dense, groups=group_spec,
+                                     process_set=process_set)
     return _wrap(gradtape, settings)
 
 

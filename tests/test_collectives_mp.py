@@ -92,3 +92,10 @@ def test_adasum_matches_numpy_tree_per_tensor_with_identical_replicas(np_):
 def test_adasum_on_three_ranks_is_a_clear_error_on_every_rank():
     out = run_mpi("adasum.py", 3, timeout=120, args=["nonpow2"]).stdout
     assert out.count("non-power-of-two error passed") == 3, out[-3000:]
+
+
+@pytest.mark.parametrize("np_", [3, 4])
+def test_process_sets_run_independently_with_values_errors_and_fit(np_):
+    out = run_mpi("process_sets.py", np_, timeout=300).stdout
+    assert out.count("process set checks passed") == np_, out[-3000:]
+    assert out.count("disjoint sets ran at once") == np_, out[-3000:]

@@ -29,7 +29,7 @@ def test_query_ops_read_the_context_at_run_time():
         ids()
     kd.init()
     np.testing.assert_array_equal(ids().numpy(), [0, 0, 1, 1, 1])
-    with pytest.raises(ValueError, match="process sets"):
+    with pytest.raises(ValueError, match="registered process set"):
         kd.size_op(process_set_id=1)
 
 
@@ -225,5 +225,7 @@ def test_reducescatter_alltoall_grouped_allgather_broadcast_at_size_one():
         kd.alltoall(tf.range(4), splits=[3])
     with pytest.raises(TypeError, match="integers"):
         kd.alltoall(tf.range(4), splits=[4.0])
-    with pytest.raises(ValueError, match="process sets"):
+    with pytest.raises(TypeError, match="kerasdist.ProcessSet"):
         kd.reducescatter(tf.ones([2]), process_set=type("PS", (), {"process_set_id": 1})())
+    with pytest.raises(ValueError, match="not registered"):
+        kd.reducescatter(tf.ones([2]), process_set=kd.ProcessSet([0]))

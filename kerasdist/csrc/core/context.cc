@@ -1,5 +1,7 @@
 #include "context.h"
 
+#include <vector>
+
 #include "mpi_transport.h"
 #include "hierarchical.h"
 #include "setup_exchange.h"
@@ -7,8 +9,20 @@
 
 namespace kerasdist {
 
-Status Context::Create(MPI_Comm comm, const EngineConfig& config,
-                       int64_t init_timeout_ms, std::unique_ptr<Context>* out) {
+namespace {
+
+// An engine thread left behind (a bounded shutdown that timed out) still
+// uses its Engine: such an Engine is never freed.
+void StopAndFree(Engine* e) {
+  if (e->Shutdown()) delete e;
+}
+
+// The transport stack and engine over `comm`: the bounded setup exchange
+// (agreed settings, topology), shared memory between ranks on one host,
+// then the engine, started.
+Status StartEngine(MPI_Comm comm, const EngineConfig& config, int64_t init_timeout_ms,
+                   std::shared_ptr<Engine>* engine, Topology* topology,
+                   std::string* transport_name) {
   std::unique_ptr<MpiTransport> mpi;
   Status s = MpiTransport::Create(comm, init_timeout_ms, &mpi);
   if (!s.ok()) return s;
@@ -19,33 +33,111 @@ Status Context::Create(MPI_Comm comm, const EngineConfig& config,
   wire.cycle_time_us = config.coordinator.cycle_time_us;
   wire.hierarchical = config.hierarchical;
   wire.small_allreduce_bytes = static_cast<int64_t>(config.collective.small_allreduce_bytes);
-  Topology topology;
-  s = ExchangeSetup(mpi.get(), wire, init_timeout_ms, &topology);
+  s = ExchangeSetup(mpi.get(), wire, init_timeout_ms, topology);
   if (!s.ok()) return s;
   std::unique_ptr<Transport> transport;
   // The hierarchical allreduce also sends along each host's own ring, whose
   // wrap-around link is not a world-ring link.
   int also_right = -1;
-  if (UseHierarchical(config.hierarchical, topology)) {
-    const auto& local = topology.local_ranks;
-    also_right = local[(topology.local_rank + 1) % local.size()];
+  if (UseHierarchical(config.hierarchical, *topology)) {
+    const auto& local = topology->local_ranks;
+    also_right = local[(topology->local_rank + 1) % local.size()];
   }
   s = ShmTransport::Create(std::move(mpi), config.shared_memory, also_right,
                            init_timeout_ms, &transport);
   if (!s.ok()) return s;
+  *transport_name = transport->Name();
+  engine->reset(new Engine(std::move(transport), config, *topology), StopAndFree);
+  (*engine)->Start();
+  return Status::OK();
+}
+
+}  // namespace
+
+Status Context::Create(MPI_Comm comm, const EngineConfig& config,
+                       int64_t init_timeout_ms, std::unique_ptr<Context>* out) {
   std::unique_ptr<Context> ctx(new Context());
   ctx->config_ = config;
-  ctx->transport_name_ = transport->Name();
-  ctx->topology_ = topology;
-  ctx->engine_ = std::make_unique<Engine>(std::move(transport), config, topology);
-  ctx->engine_->Start();
+  Status s = StartEngine(comm, config, init_timeout_ms, &ctx->engine_, &ctx->topology_,
+                         &ctx->transport_name_);
+  if (!s.ok()) return s;
   *out = std::move(ctx);
   return Status::OK();
 }
 
-Context::~Context() {
-  // An engine thread left behind still uses the Engine: never free it.
-  if (engine_ && !engine_->Shutdown()) engine_.release();
+std::shared_ptr<Engine> Context::EngineFor(int32_t id) {
+  if (id == 0) return engine_;
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  auto it = sets_.find(id);
+  return it == sets_.end() ? nullptr : it->second.engine;
 }
+
+int Context::ProcessSetSize(int32_t id) {
+  if (id == 0) return size();
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  auto it = sets_.find(id);
+  return it == sets_.end() ? -1 : it->second.size;
+}
+
+Status Context::AddProcessSet(int32_t id, int size, MPI_Comm comm, int64_t init_timeout_ms,
+                              const std::string& label) {
+  if (id <= 0) return Status(StatusCode::kInvalidArgument, "process set ids start at 1");
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    if (sets_.count(id))
+      return Status(StatusCode::kInvalidArgument,
+                    "process set " + std::to_string(id) + " already exists");
+  }
+  ProcessSet set;
+  set.size = size;
+  if (comm != MPI_COMM_NULL) {
+    EngineConfig config = config_;
+    config.timeline_path.clear();  // the global set's rank 0 writes the timeline
+    config.label = label;
+    Topology topology;
+    std::string name;
+    Status s = StartEngine(comm, config, init_timeout_ms, &set.engine, &topology, &name);
+    if (!s.ok()) return s;
+  }
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  sets_[id] = std::move(set);
+  return Status::OK();
+}
+
+bool Context::RemoveProcessSet(int32_t id) {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    auto it = sets_.find(id);
+    if (it == sets_.end()) return false;
+    engine = std::move(it->second.engine);
+    sets_.erase(it);
+  }
+  // Stop it now, so that no other member waits on this one; kernels still
+  // holding it see it stopped.
+  if (engine) engine->Shutdown();
+  return true;
+}
+
+bool Context::AnyFailed() {
+  if (engine_->Failed()) return true;
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  for (auto& kv : sets_)
+    if (kv.second.engine && kv.second.engine->Failed()) return true;
+  return false;
+}
+
+void Context::Shutdown() {
+  std::vector<std::shared_ptr<Engine>> sets;
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    for (auto& kv : sets_)
+      if (kv.second.engine) sets.push_back(kv.second.engine);
+  }
+  for (auto& e : sets) e->Shutdown();
+  if (engine_) engine_->Shutdown();
+}
+
+Context::~Context() { Shutdown(); }
 
 }  // namespace kerasdist

@@ -64,7 +64,7 @@ bool Engine::Failed() {
 }
 
 std::string Engine::Prefix() const {
-  return "rank " + std::to_string(rank_) + "/" + std::to_string(size_) + ": ";
+  return config_.label + "rank " + std::to_string(rank_) + "/" + std::to_string(size_) + ": ";
 }
 
 void Engine::Enqueue(Request request) { EnqueueMany(&request, 1); }

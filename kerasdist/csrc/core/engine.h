@@ -40,6 +40,7 @@ struct EngineConfig {
   // when several hosts each run several ranks), 0 the flat ring, 1
   // hierarchical where the topology allows it.
   int hierarchical = -1;
+  std::string label;  // prefixes this engine's messages (a process set's)
 };
 
 // Allocates the output once its shape is known (allgather), on the engine

@@ -271,6 +271,7 @@ void ReduceInto(void* dst, const void* src, size_t count, DataType dtype,
     case ReduceOp::kProduct: Dispatch(dst, src, count, dtype, Prod()); break;
     case ReduceOp::kMin: Dispatch(dst, src, count, dtype, Min()); break;
     case ReduceOp::kMax: Dispatch(dst, src, count, dtype, Max()); break;
+    case ReduceOp::kAdasum: break;  // not element-wise: AdasumAllreduce (adasum.cc)
   }
 }
 

@@ -78,12 +78,46 @@ int kerasdist_shutdown() {
   // Kernels still running hold their own reference; the engine stops when
   // the last one is released. Shut it down now so that no rank waits on us.
   if (ctx) {
-    ctx->engine()->Shutdown();
-    if (ctx->engine()->Failed()) {
+    ctx->Shutdown();
+    if (ctx->AnyFailed()) {
       std::lock_guard<std::mutex> lock(kerasdist::g_mu);
       kerasdist::g_failed = true;
     }
   }
+  return 0;
+}
+
+// Registers process set `id` of `size` ranks and, on its members, starts its
+// engine over `fortran_comm` (every rank calls this). Returns 0, or 1 with a message in err.
+// `member` 0 registers the set on a rank outside it (fortran_comm unused).
+int kerasdist_add_process_set(int id, int size, int member, int fortran_comm,
+                              long long init_timeout_ms, const char* label, char* err,
+                              int err_len) {
+  auto ctx = kerasdist::CurrentContext();
+  MPI_Comm comm = member ? MPI_Comm_f2c(fortran_comm) : MPI_COMM_NULL;
+  kerasdist::Status s =
+      ctx ? ctx->AddProcessSet(id, size, comm, init_timeout_ms, label ? label : "")
+          : kerasdist::Status(kerasdist::StatusCode::kShutdown, "kerasdist is not initialized");
+  if (s.ok()) return 0;
+  std::strncpy(err, s.message().c_str(), err_len - 1);
+  err[err_len - 1] = '\0';
+  return 1;
+}
+
+// Stops process set `id`'s engine on this rank. 1 if it was there.
+int kerasdist_remove_process_set(int id) {
+  auto ctx = kerasdist::CurrentContext();
+  return ctx && ctx->RemoveProcessSet(id) ? 1 : 0;
+}
+
+// The rank and size of this process in process set `id`'s engine, or
+// 1 if this rank has no engine for it.
+int kerasdist_process_set_rank_size(int id, int* out) {
+  auto ctx = kerasdist::CurrentContext();
+  auto engine = ctx ? ctx->EngineFor(id) : nullptr;
+  if (!engine) return 1;
+  out[0] = engine->rank();
+  out[1] = engine->size();
   return 0;
 }
 
@@ -98,7 +132,7 @@ int kerasdist_exit_guard(double seconds) {
   {
     std::lock_guard<std::mutex> lock(kerasdist::g_mu);
     failed = kerasdist::g_failed ||
-             (*kerasdist::g_context && (*kerasdist::g_context)->engine()->Failed());
+             (*kerasdist::g_context && (*kerasdist::g_context)->AnyFailed());
   }
   if (!failed) return 0;
   std::thread([seconds] {

@@ -60,17 +60,14 @@ class CollectiveKernel : public AsyncOpKernel {
  public:
   explicit CollectiveKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
   }
 
  protected:
-  // Returns the live engine, or sets an error on ctx and returns null.
-  std::shared_ptr<Context> Live(OpKernelContext* ctx) {
-    auto c = CurrentContext();
-    if (!c) {
-      ctx->SetStatus(errors::FailedPrecondition(
-          "kerasdist is not initialized. Call `kerasdist.init()` first."));
-    }
-    return c;
+  // Returns the engine of the op's process set, or sets an error on ctx and
+  // returns null.
+  std::shared_ptr<Engine> Live(OpKernelContext* ctx) {
+    return LiveEngine(ctx, process_set_id_);
   }
   Request NewRequest(OpKernelContext* ctx, DoneCallback done, OpType type) {
     Request r;
@@ -95,6 +92,7 @@ class CollectiveKernel : public AsyncOpKernel {
   }
 
   std::string tensor_name_;
+  int process_set_id_;
 };
 
 // The attributes shared by the reducing kernels.
@@ -142,7 +140,7 @@ class AllreduceOp : public ReduceKernel {
     if (!live) return done();
     Request r = NewRequest(ctx, done, OpType::kAllreduce);
     if (!BindInput(ctx, 0, &r)) return done();
-    live->engine()->Enqueue(std::move(r));
+    live->Enqueue(std::move(r));
   }
 };
 
@@ -174,7 +172,7 @@ class GroupedAllreduceOp : public ReduceKernel {
       };
       reqs.push_back(std::move(r));
     }
-    live->engine()->EnqueueBatch(std::move(reqs));
+    live->EnqueueBatch(std::move(reqs));
   }
 };
 
@@ -202,7 +200,7 @@ class AllgatherOp : public CollectiveKernel {
       *data = const_cast<char*>(out->tensor_data().data());
       return Status::OK();
     };
-    live->engine()->Enqueue(std::move(r));
+    live->Enqueue(std::move(r));
   }
 };
 
@@ -223,7 +221,7 @@ class BroadcastOp : public CollectiveKernel {
         ctx, ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out), done);
     r.input = in.tensor_data().data();
     r.output = const_cast<char*>(out->tensor_data().data());
-    live->engine()->Enqueue(std::move(r));
+    live->Enqueue(std::move(r));
   }
 
  private:
@@ -238,7 +236,7 @@ class BarrierOp : public CollectiveKernel {
     auto live = Live(ctx);
     if (!live) return done();
     Request r = NewRequest(ctx, done, OpType::kBarrier);
-    live->engine()->Enqueue(std::move(r));
+    live->Enqueue(std::move(r));
   }
 };
 
@@ -253,7 +251,7 @@ class JoinOp : public CollectiveKernel {
     Request r = NewRequest(ctx, done, OpType::kJoin);
     r.name = "__kerasdist_join__";
     r.join_result = out->scalar<int32_t>().data();
-    live->engine()->Enqueue(std::move(r));
+    live->Enqueue(std::move(r));
   }
 };
 
@@ -264,6 +262,7 @@ class QueryOp : public tensorflow::OpKernel {
  public:
   explicit QueryOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("query", &query_));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
     OP_REQUIRES(c, query_ >= 0 && query_ <= 4,
                 errors::InvalidArgument("Invalid query ", query_));
   }
@@ -277,10 +276,12 @@ class QueryOp : public tensorflow::OpKernel {
     switch (query_) {
       case 0: value = live->rank(); break;
       case 1: value = t.local_rank; break;
-      case 2: value = live->size(); break;
+      case 2: value = live->ProcessSetSize(process_set_id_); break;
       case 3: value = t.local_size; break;
-      case 4: value = 1; break;  // only the global process set exists
+      case 4: value = live->EngineFor(process_set_id_) ? 1 : 0; break;
     }
+    OP_REQUIRES(ctx, value >= 0,
+                errors::InvalidArgument("Process set ", process_set_id_, " does not exist."));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int32_t>()() = value;
@@ -288,9 +289,28 @@ class QueryOp : public tensorflow::OpKernel {
 
  private:
   int query_;
+  int process_set_id_;
 };
 
 }  // namespace
+
+std::shared_ptr<Engine> LiveEngine(OpKernelContext* ctx, int process_set_id) {
+  auto c = CurrentContext();
+  if (!c) {
+    ctx->SetStatus(errors::FailedPrecondition(
+        "kerasdist is not initialized. Call `kerasdist.init()` first."));
+    return nullptr;
+  }
+  auto engine = c->EngineFor(process_set_id);
+  if (!engine) {
+    ctx->SetStatus(errors::FailedPrecondition(
+        "This rank (rank ", c->rank(), ") is not in process set ", process_set_id,
+        c->ProcessSetSize(process_set_id) < 0 ? ", which does not exist (or was removed)"
+                                              : "",
+        ". Run a collective on a process set only on its member ranks."));
+  }
+  return engine;
+}
 
 bool ToCoreDataType(tensorflow::DataType dt, DataType* out) { return ToDataType(dt, out); }
 tensorflow::Status ToTensorFlowStatus(const Status& s) { return ToTfStatus(s); }
@@ -307,6 +327,7 @@ REGISTER_OP("KerasdistAllreduce")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("output: T")
         .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
@@ -318,6 +339,7 @@ REGISTER_OP("KerasdistGroupedAllreduce")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensors: T")
     .Output("outputs: T")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
@@ -329,6 +351,7 @@ REGISTER_OP("KerasdistGroupedAllreduce")
 REGISTER_OP("KerasdistAllgather")
     .Attr(KD_TYPES)
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("output: T")
         .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
@@ -344,6 +367,7 @@ REGISTER_OP("KerasdistBroadcast")
     .Attr(KD_TYPES)
     .Attr("root_rank: int")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("output: T")
         .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
@@ -351,12 +375,14 @@ REGISTER_OP("KerasdistBroadcast")
 
 REGISTER_OP("KerasdistBarrier")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Blocks until every rank has reached the barrier.");
 
 REGISTER_OP("KerasdistJoin")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Output("last_joined_rank: int32")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
@@ -366,6 +392,7 @@ REGISTER_OP("KerasdistJoin")
 // context each time it runs (e.g. after shutdown() and init() on a new comm).
 REGISTER_OP("KerasdistQuery")
     .Attr("query: int")
+    .Attr("process_set_id: int = 0")
     .Output("value: int32")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)

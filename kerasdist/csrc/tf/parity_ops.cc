@@ -31,15 +31,13 @@ class BatchKernel : public AsyncOpKernel {
  public:
   explicit BatchKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
   }
 
  protected:
-  std::shared_ptr<Context> Live(OpKernelContext* ctx) {
-    auto c = CurrentContext();
-    if (!c)
-      ctx->SetStatus(errors::FailedPrecondition(
-          "kerasdist is not initialized. Call `kerasdist.init()` first."));
-    return c;
+  // The engine of the op's process set, or null with ctx's status set.
+  std::shared_ptr<Engine> Live(OpKernelContext* ctx) {
+    return LiveEngine(ctx, process_set_id_);
   }
   std::string TensorName(int i, bool grouped) const {
     const std::string base = tensor_name_.empty() ? name() : tensor_name_;
@@ -76,6 +74,7 @@ class BatchKernel : public AsyncOpKernel {
   }
 
   std::string tensor_name_;
+  int process_set_id_;
 };
 
 // Output i holds this rank's rows of tensor i: Horovod's split, the first
@@ -116,7 +115,7 @@ class ReducescatterOp : public BatchKernel {
       r.output = const_cast<char*>(out->tensor_data().data());
       r.done = finish;
     }
-    live->engine()->EnqueueBatch(std::move(reqs));
+    live->EnqueueBatch(std::move(reqs));
   }
 
  private:
@@ -162,7 +161,7 @@ class AlltoallOp : public BatchKernel {
     r.input = in.tensor_data().data();
     r.allocate = OutputAllocator(ctx, 0);
     r.done = Countdown(ctx, done, 1);
-    live->engine()->Enqueue(std::move(r));
+    live->Enqueue(std::move(r));
   }
 };
 
@@ -190,7 +189,7 @@ class GroupedAllgatherOp : public BatchKernel {
       r.allocate = OutputAllocator(ctx, i);
       r.done = finish;
     }
-    live->engine()->EnqueueBatch(std::move(reqs));
+    live->EnqueueBatch(std::move(reqs));
   }
 };
 
@@ -236,7 +235,7 @@ class BroadcastInplaceOp : public BatchKernel {
       r.input = r.output = const_cast<char*>(t->tensor_data().data());
       r.done = finish;
     }
-    live->engine()->EnqueueBatch(std::move(reqs));
+    live->EnqueueBatch(std::move(reqs));
   }
 
  private:
@@ -267,6 +266,7 @@ REGISTER_OP("KerasdistReducescatter")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("output: T")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
@@ -280,6 +280,7 @@ REGISTER_OP("KerasdistGroupedReducescatter")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensors: T")
     .Output("outputs: T")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
@@ -292,6 +293,7 @@ REGISTER_OP("KerasdistGroupedReducescatter")
 REGISTER_OP("KerasdistAlltoall")
     .Attr("T: " KD_TYPE_LIST)
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Input("splits: int32")
     .Output("output: T")
@@ -306,6 +308,7 @@ REGISTER_OP("KerasdistAlltoall")
 REGISTER_OP("KerasdistGroupedAllgather")
     .Attr("T: list(" KD_TYPE_LIST ") >= 1")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensors: T")
     .Output("outputs: T")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
@@ -321,6 +324,7 @@ REGISTER_OP("KerasdistBroadcastInplace")
     .Attr("N: int >= 1")
     .Attr("root_rank: int")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("resources: N * resource")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
