@@ -26,7 +26,7 @@ _OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "P
 
 SUPPORTED_DTYPES = (
     tf.float16, tf.bfloat16, tf.float32, tf.float64,
-    tf.int32, tf.int64, tf.uint8, tf.int8,
+    tf.int32, tf.int64, tf.uint8, tf.int8, tf.uint16, tf.int16, tf.bool,
 )
 
 

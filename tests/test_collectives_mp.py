@@ -99,3 +99,9 @@ def test_process_sets_run_independently_with_values_errors_and_fit(np_):
     out = run_mpi("process_sets.py", np_, timeout=300).stdout
     assert out.count("process set checks passed") == np_, out[-3000:]
     assert out.count("disjoint sets ran at once") == np_, out[-3000:]
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_uint16_int16_bool_through_every_collective(np_):
+    out = run_mpi("dtypes_extra.py", np_, timeout=180).stdout
+    assert out.count("extra dtypes passed") == np_, out[-3000:]

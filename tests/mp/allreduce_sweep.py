@@ -6,14 +6,20 @@ import tensorflow as tf
 import kerasdist as kd
 from _util import log, main
 
-DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "int8"]
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "int8",
+          "uint16", "int16"]
 OPS = {kd.Sum: "sum", kd.Average: "average", kd.Min: "min", kd.Max: "max", kd.Product: "product"}
 
 
 def rank_data(dtype, op, n, r):
     rng = np.random.RandomState(1000 * r + n % 997)
     if op == kd.Product:  # keep products small and exact
-        vals = rng.choice([-1, 1, 2], size=n) if dtype not in ("uint8",) else rng.choice([1, 2], size=n)
+        vals = (rng.choice([-1, 1, 2], size=n) if dtype not in ("uint8", "uint16")
+                else rng.choice([1, 2], size=n))
+    elif dtype == "uint16":  # sums past 65535 wrap, as numpy's
+        vals = rng.randint(0, 30000, size=n)
+    elif dtype == "int16":  # and past +-32767
+        vals = rng.randint(-12000, 12000, size=n)
     elif dtype in ("uint8",):
         vals = rng.randint(0, 60, size=n)
     elif dtype in ("int8",):
@@ -31,7 +37,7 @@ def expected(dtype, op, n, size):
         ref = stack.sum(0)
     elif op == kd.Average:
         ref = stack.sum(0) / size
-        if dtype in ("int32", "int64", "uint8", "int8"):
+        if dtype in ("int32", "int64", "uint8", "int8", "uint16", "int16"):
             ref = np.trunc(ref)
     elif op == kd.Min:
         ref = stack.min(0)
@@ -43,6 +49,10 @@ def expected(dtype, op, n, size):
         ref = np.mod(ref, 256)
     if dtype == "int8":
         ref = (ref + 128) % 256 - 128
+    if dtype == "uint16":
+        ref = np.mod(ref, 65536)
+    if dtype == "int16":
+        ref = (ref + 32768) % 65536 - 32768
     return ref
 
 

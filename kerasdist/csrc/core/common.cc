@@ -11,7 +11,10 @@ size_t DataTypeSize(DataType dtype) {
     case DataType::kFloat64:
     case DataType::kInt64: return 8;
     case DataType::kUInt8:
-    case DataType::kInt8: return 1;
+    case DataType::kInt8:
+    case DataType::kBool: return 1;
+    case DataType::kUInt16:
+    case DataType::kInt16: return 2;
   }
   return 0;
 }
@@ -26,6 +29,9 @@ const char* DataTypeName(DataType dtype) {
     case DataType::kInt64: return "int64";
     case DataType::kUInt8: return "uint8";
     case DataType::kInt8: return "int8";
+    case DataType::kUInt16: return "uint16";
+    case DataType::kInt16: return "int16";
+    case DataType::kBool: return "bool";
   }
   return "unknown";
 }
@@ -60,7 +66,9 @@ bool IsIntegerType(DataType dtype) {
     case DataType::kInt32:
     case DataType::kInt64:
     case DataType::kUInt8:
-    case DataType::kInt8: return true;
+    case DataType::kInt8:
+    case DataType::kUInt16:
+    case DataType::kInt16: return true;
     default: return false;
   }
 }

@@ -22,6 +22,9 @@ enum class DataType : int32_t {
   kInt64 = 5,
   kUInt8 = 6,
   kInt8 = 7,
+  kUInt16 = 8,
+  kInt16 = 9,
+  kBool = 10,  // one byte, 0 or 1: moved, and reduced only with min / max
 };
 
 enum class ReduceOp : int32_t {

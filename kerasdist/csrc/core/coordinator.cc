@@ -252,6 +252,16 @@ Coordinator::Ready Coordinator::Validate(int32_t idx, int64_t now_us) {
   while (!Has(idx, first)) ++first;
   out.source = SourceOf(idx, first);
   const TensorMeta& m0 = p.sources[out.source].meta;
+  if (m0.dtype == DataType::kBool &&
+      (m0.type == OpType::kReducescatter ||
+       (m0.type == OpType::kAllreduce && m0.reduce_op != ReduceOp::kMin &&
+        m0.reduce_op != ReduceOp::kMax))) {
+    out.error = std::string(OpTypeName(m0.type)) + " of '" + p.name + "' with op " +
+                ReduceOpName(m0.reduce_op) +
+                ": bool tensors are reduced only by allreduce with op Min (logical and) "
+                "or Max (logical or). Cast to an integer dtype to sum or average them.";
+    return out;
+  }
   if (m0.type == OpType::kReducescatter || m0.type == OpType::kAlltoall) {
     ValidateScatter(idx, &out);
     return out;

@@ -105,7 +105,7 @@ class Reader {
 // corrupt message, never undefined behaviour further on.
 bool ValidMeta(const TensorMeta& m) {
   if (static_cast<uint32_t>(m.type) > static_cast<uint32_t>(OpType::kAlltoall) ||
-      static_cast<uint32_t>(m.dtype) > static_cast<uint32_t>(DataType::kInt8) ||
+      static_cast<uint32_t>(m.dtype) > static_cast<uint32_t>(DataType::kBool) ||
       static_cast<uint32_t>(m.reduce_op) > static_cast<uint32_t>(ReduceOp::kAdasum))
     return false;
   for (int64_t d : m.shape)

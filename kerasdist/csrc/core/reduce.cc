@@ -156,6 +156,25 @@ void Dispatch(void* dst, const void* src, size_t n, DataType dtype, F f) {
              return static_cast<int8_t>(f(static_cast<int32_t>(a), static_cast<int32_t>(b)));
            });
       break;
+    case DataType::kUInt16:  // wraps modulo 65536, as numpy's uint16
+      Loop(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n,
+           [f](uint16_t a, uint16_t b) {
+             return static_cast<uint16_t>(
+                 f(static_cast<uint32_t>(a), static_cast<uint32_t>(b)));
+           });
+      break;
+    case DataType::kInt16:
+      Loop(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n,
+           [f](int16_t a, int16_t b) {
+             return static_cast<int16_t>(f(static_cast<int32_t>(a), static_cast<int32_t>(b)));
+           });
+      break;
+    case DataType::kBool:  // min / max only (the coordinator refuses the rest)
+      Loop(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n,
+           [f](uint8_t a, uint8_t b) {
+             return static_cast<uint8_t>(f(static_cast<uint32_t>(a), static_cast<uint32_t>(b)));
+           });
+      break;
   }
 }
 
@@ -214,6 +233,13 @@ void ScaleDispatch(void* dst, const void* src, size_t n, DataType dtype,
     case DataType::kInt8:
       ScaleT(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), n, factor);
       break;
+    case DataType::kUInt16:
+      ScaleT(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, factor);
+      break;
+    case DataType::kInt16:
+      ScaleT(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n, factor);
+      break;
+    case DataType::kBool: break;  // never scaled (refused by the coordinator)
   }
 }
 
@@ -235,6 +261,8 @@ void ConvertFrom(void* dst, DataType to, const From* src, size_t n) {
     case DataType::kInt64: ConvertT(static_cast<int64_t*>(dst), src, n); break;
     case DataType::kUInt8: ConvertT(static_cast<uint8_t*>(dst), src, n); break;
     case DataType::kInt8: ConvertT(static_cast<int8_t*>(dst), src, n); break;
+    case DataType::kUInt16: ConvertT(static_cast<uint16_t*>(dst), src, n); break;
+    case DataType::kInt16: ConvertT(static_cast<int16_t*>(dst), src, n); break;
     default: break;
   }
 }
@@ -245,7 +273,9 @@ DataType AccumulationType(DataType dtype, ReduceOp op) {
   if (op != ReduceOp::kAverage) return dtype;
   switch (dtype) {
     case DataType::kUInt8:
-    case DataType::kInt8: return DataType::kInt32;
+    case DataType::kInt8:
+    case DataType::kUInt16:
+    case DataType::kInt16: return DataType::kInt32;
     case DataType::kInt32: return DataType::kInt64;
     default: return dtype;
   }
@@ -258,6 +288,10 @@ void ConvertInteger(void* dst, DataType to, const void* src, DataType from,
     case DataType::kInt64: ConvertFrom(dst, to, static_cast<const int64_t*>(src), count); break;
     case DataType::kUInt8: ConvertFrom(dst, to, static_cast<const uint8_t*>(src), count); break;
     case DataType::kInt8: ConvertFrom(dst, to, static_cast<const int8_t*>(src), count); break;
+    case DataType::kUInt16:
+      ConvertFrom(dst, to, static_cast<const uint16_t*>(src), count);
+      break;
+    case DataType::kInt16: ConvertFrom(dst, to, static_cast<const int16_t*>(src), count); break;
     default: break;
   }
 }
@@ -300,6 +334,8 @@ void Finalize(void* buf, size_t count, DataType dtype, ReduceOp op,
         case DataType::kInt64: DivideT(static_cast<int64_t*>(buf), count, world_size); break;
         case DataType::kUInt8: DivideT(static_cast<uint8_t*>(buf), count, world_size); break;
         case DataType::kInt8: DivideT(static_cast<int8_t*>(buf), count, world_size); break;
+        case DataType::kUInt16: DivideT(static_cast<uint16_t*>(buf), count, world_size); break;
+        case DataType::kInt16: DivideT(static_cast<int16_t*>(buf), count, world_size); break;
         default: break;
       }
     } else {

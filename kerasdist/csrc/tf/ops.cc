@@ -30,6 +30,9 @@ bool ToDataType(tensorflow::DataType dt, DataType* out) {
     case tensorflow::DT_INT64: *out = DataType::kInt64; return true;
     case tensorflow::DT_UINT8: *out = DataType::kUInt8; return true;
     case tensorflow::DT_INT8: *out = DataType::kInt8; return true;
+    case tensorflow::DT_UINT16: *out = DataType::kUInt16; return true;
+    case tensorflow::DT_INT16: *out = DataType::kInt16; return true;
+    case tensorflow::DT_BOOL: *out = DataType::kBool; return true;
     default: return false;
   }
 }
@@ -319,7 +322,7 @@ tensorflow::Status ToTensorFlowStatus(const Status& s) { return ToTfStatus(s); }
 // control dependencies would otherwise serialize them in program order, and
 // two ranks that build them in different orders would wait on each other.
 // The engine matches them by name, so any execution order is safe.
-#define KD_TYPES "T: {half, bfloat16, float, double, int32, int64, uint8, int8}"
+#define KD_TYPES "T: {half, bfloat16, float, double, int32, int64, uint8, int8, uint16, int16, bool}"
 
 REGISTER_OP("KerasdistAllreduce")
     .Attr(KD_TYPES)
@@ -334,7 +337,7 @@ REGISTER_OP("KerasdistAllreduce")
     .Doc("Reduces a tensor across all kerasdist ranks (ring allreduce).");
 
 REGISTER_OP("KerasdistGroupedAllreduce")
-    .Attr("T: list({half, bfloat16, float, double, int32, int64, uint8, int8}) >= 1")
+    .Attr("T: list({half, bfloat16, float, double, int32, int64, uint8, int8, uint16, int16, bool}) >= 1")
     .Attr("reduce_op: int")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")

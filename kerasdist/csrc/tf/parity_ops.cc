@@ -258,7 +258,7 @@ tensorflow::Status FirstDimUnknown(shape_inference::InferenceContext* c, int i, 
 
 }  // namespace
 
-#define KD_TYPE_LIST "{half, bfloat16, float, double, int32, int64, uint8, int8}"
+#define KD_TYPE_LIST "{half, bfloat16, float, double, int32, int64, uint8, int8, uint16, int16, bool}"
 
 REGISTER_OP("KerasdistReducescatter")
     .Attr("T: " KD_TYPE_LIST)
