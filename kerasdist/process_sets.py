@@ -59,18 +59,25 @@ class ProcessSet:
                 f"list of ranks or an mpi4py communicator. Received: {ranks_or_comm!r}")
 
     def size(self):
-        """The number of ranks in the set (`None` before it has ranks)."""
-        return None if self.ranks is None else len(self.ranks)
+        """The number of ranks in the set, or `None` if it is not registered."""
+        return None if self.process_set_id is None else len(self.ranks)
 
     def rank(self):
-        """This process's rank within the set, or -1 if it is not in it."""
+        """This process's rank within the set (-1 if it is not in it), or
+        `None` if the set is not registered. Collectives still take ranks of
+        the whole job as `root_rank`, as in Horovod."""
+        if self.process_set_id is None:
+            return None
         check_initialized()
-        me = context.rank
-        return self.ranks.index(me) if self.ranks and me in self.ranks else -1
+        return self.ranks.index(context.rank) if context.rank in self.ranks else -1
 
     def included(self):
-        """Whether this process belongs to the set."""
-        return self.rank() >= 0
+        """Whether this process belongs to the set (`None` before it has
+        ranks)."""
+        if self.ranks is None:
+            return None
+        check_initialized()
+        return context.rank in self.ranks
 
     def __repr__(self):
         return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "

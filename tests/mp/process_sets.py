@@ -155,6 +155,10 @@ def check_fit(ps):
 def run():
     size, r = kd.size(), kd.rank()
     assert kd.global_process_set.ranks == list(range(size))
+    assert kd.global_process_set.size() == size and kd.global_process_set.rank() == r
+    pending = kd.ProcessSet([0, 1])  # Horovod's answers before registration
+    assert pending.size() is None and pending.rank() is None
+    assert pending.included() == (r in (0, 1))
     even = kd.add_process_set([q for q in range(size) if q % 2 == 0])
     odd = kd.add_process_set(kd.ProcessSet([q for q in range(size) if q % 2 == 1]))
     assert even.process_set_id == 1 and odd.process_set_id == 2, (even, odd)
