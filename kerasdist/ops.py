@@ -99,6 +99,10 @@ def _derived(name, suffix):
 
 def _resolve_op(op, average, what):
     """Horovod's deprecated `average=` argument mapped onto `op`."""
+    if isinstance(op, bool) and average is None:
+        # Horovod's second positional argument is `average`: a bool here is
+        # that, never an op (True would otherwise equal Sum's value, 1).
+        op, average = None, op
     if average is None:
         return Average if op is None else op
     if op is not None:
@@ -126,6 +130,7 @@ def allreduce(
     device_dense="",
     device_sparse="",
     process_set=None,
+    ignore_name_scope=False,
 ):
     """Reduces a tensor over all ranks; every rank receives the result.
 
@@ -154,6 +159,8 @@ def allreduce(
             compatibility. Default to `""`.
         process_set: The `kerasdist.ProcessSet` to reduce over (this rank
             must be in it). Defaults to `None` (`global_process_set`).
+        ignore_name_scope: Unused; accepted for Horovod compatibility.
+            Defaults to False.
 
     Returns:
         A tensor with the same shape and dtype as `tensor` (a
@@ -176,7 +183,7 @@ def allreduce(
     >>> kerasdist.allreduce(tf.constant([1.0, 2.0]), op=kerasdist.Sum)
     """
     check_initialized()
-    del device_dense, device_sparse
+    del device_dense, device_sparse, ignore_name_scope
     op = _resolve_op(op, average, "allreduce")
     _check_op(op)
     set_id, _ = _sets.resolve(process_set, "allreduce")

@@ -143,10 +143,25 @@ def check_sparse(size, r):
     np.testing.assert_allclose(dense2.numpy(), want)
 
 
+def check_horovod_positional_average(size, r):
+    # Horovod's allreduce(tensor, average, ...): a bool second argument is
+    # `average`, not an op (True must not become Sum, whose value is 1).
+    import warnings
+
+    x = tf.fill([3], float(r + 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        mean = kd.allreduce(x, True, name="positional.true").numpy()
+        total = kd.allreduce(x, False, name="positional.false").numpy()
+    np.testing.assert_allclose(mean, np.full(3, (size + 1) / 2))
+    np.testing.assert_allclose(total, np.full(3, size * (size + 1) / 2))
+
+
 def run():
     size, r = kd.size(), kd.rank()
     for check in (check_broadcast, check_allgather, check_opposite_order, check_fusion,
-                  check_objects, check_gradients, check_sparse):
+                  check_objects, check_gradients, check_sparse,
+                  check_horovod_positional_average):
         check(size, r)
         log(check.__name__, "passed")
 
