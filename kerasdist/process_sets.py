@@ -12,6 +12,7 @@ clear error instead of a hang.
 """
 
 import ctypes
+import faulthandler
 
 from kerasdist.runtime import check_initialized, context
 
@@ -203,8 +204,14 @@ def _start(set_id, ranks, user_comm):
     if member and comm is None:
         group = context.comm.Get_group().Incl(ranks)
         # Collective over the members only; all of them have just agreed
-        # through the global engine, so none is missing.
-        made = comm = context.comm.Create_group(group, tag=set_id)
+        # through the global engine, so none should be missing. MPI gives
+        # no bound for it, so a watchdog does (as for MPI_Init): a member
+        # lost in between ends this process with its stack printed.
+        faulthandler.dump_traceback_later(context.config["init_timeout_s"], exit=True)
+        try:
+            made = comm = context.comm.Create_group(group, tag=set_id)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         group.Free()
     err = ctypes.create_string_buffer(4096)
     label = f"process set {set_id} (ranks {ranks}) "
