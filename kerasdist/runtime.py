@@ -92,9 +92,6 @@ def read_config():
         "small_allreduce_bytes": _env_number(
             "KERASDIST_SMALL_ALLREDUCE_BYTES", 32 * 1024, int, 0
         ),
-        "hierarchical_min_bytes": _env_number(
-            "KERASDIST_HIERARCHICAL_MIN_BYTES", _MIB, int, 0
-        ),
         "timeline": os.environ.get("KERASDIST_TIMELINE", ""),
     }
 
@@ -234,7 +231,6 @@ def init(comm=None, process_sets=None):
         config["hierarchical"],
         config["cache_capacity"],
         config["small_allreduce_bytes"],
-        config["hierarchical_min_bytes"],
         err,
         len(err),
     )
@@ -345,9 +341,7 @@ def transport_info():
         use shared memory (`KERASDIST_SHM`), which ones, e.g.
         `"mpi(MPICH Version: 5.0.2); shared memory to rank 1, from rank 1"`,
         followed by `"; hierarchical allreduce"` when allreduces reduce
-        within each host first (`KERASDIST_HIERARCHICAL_ALLREDUCE`), with
-        `" from N bytes"` when it was chosen by topology and the smaller
-        ones take the flat ring (`KERASDIST_HIERARCHICAL_MIN_BYTES`).
+        within each host first (`KERASDIST_HIERARCHICAL_ALLREDUCE`).
     """
     check_initialized()
     buf = ctypes.create_string_buffer(1024)
@@ -355,8 +349,6 @@ def transport_info():
     info = buf.value.decode()
     if context.hierarchical:
         info += "; hierarchical allreduce"
-        if context.config["hierarchical"] != 1:
-            info += f" from {context.config['hierarchical_min_bytes']} bytes"
     return info
 
 

@@ -1,9 +1,7 @@
 """Bytes each host sends to other hosts for one 64 MiB allreduce, flat ring
 against hierarchical, in one job (kerasdist is re-initialised in between).
 
-Args (argv): modes, e.g. `0 1` (values of KERASDIST_HIERARCHICAL_ALLREDUCE),
-each optionally `:<KERASDIST_HIERARCHICAL_MIN_BYTES>` (`auto:0`). The
-environment variable KD_HB_FLOATS sets the size (default 16 Mi floats).
+Args (argv): modes, e.g. `0 1` (values of KERASDIST_HIERARCHICAL_ALLREDUCE).
 For each mode: init, a warmup allreduce (negotiation, allocation), then,
 between MPI barriers, the lowest rank of each host reads its `eth0`
 counters (/proc/net/dev is per network namespace) around one checked
@@ -21,7 +19,7 @@ from mpi4py import MPI
 
 import kerasdist as kd
 
-N = int(os.environ.get("KD_HB_FLOATS", 16 << 20))  # float32: 64 MiB
+N = 16 << 20  # float32: 64 MiB
 
 
 def counters():
@@ -39,12 +37,7 @@ names = comm.allgather(socket.gethostname())
 leader = names.index(names[comm.rank]) == comm.rank
 want = comm.size * (comm.size + 1) / 2
 for mode in sys.argv[1:] or ["0", "1"]:
-    setting, _, min_bytes = mode.partition(":")
-    os.environ["KERASDIST_HIERARCHICAL_ALLREDUCE"] = setting
-    if min_bytes:
-        os.environ["KERASDIST_HIERARCHICAL_MIN_BYTES"] = min_bytes
-    else:
-        os.environ.pop("KERASDIST_HIERARCHICAL_MIN_BYTES", None)
+    os.environ["KERASDIST_HIERARCHICAL_ALLREDUCE"] = mode
     kd.init()
     x = tf.fill([N], float(comm.rank + 1))
     kd.allreduce(x, op=kd.Sum, name=f"hb.{mode}").numpy()
@@ -56,7 +49,7 @@ for mode in sys.argv[1:] or ["0", "1"]:
         rx, tx = (a - b for a, b in zip(counters(), before))
         print(f"HIERBYTES mode={mode} host={names[comm.rank]} tx={tx} rx={rx} "
               f"info={kd.runtime.transport_info()}", flush=True)
-    np.testing.assert_array_equal(y[::4096], np.full(len(y[::4096]), want, np.float32))
+    np.testing.assert_array_equal(y[::4096], np.full(N // 4096, want, np.float32))
     del x, y
     kd.shutdown()
 print(f"[rank {comm.rank}] hier_bytes done", flush=True)

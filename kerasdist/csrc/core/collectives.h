@@ -32,9 +32,6 @@ struct CollectiveOptions {
   int64_t timeout_ms = 60000;         // bound on every single wait
   // Allreduces of at most this many bytes take SmallAllreduce; 0: never.
   size_t small_allreduce_bytes = 32 * 1024;
-  // With the hierarchical algorithm chosen by topology (auto), allreduces
-  // below this many bytes take the flat ring: its fewer steps win there.
-  size_t hierarchical_min_bytes = 1024 * 1024;
   // Up to this many ranks the small allreduce is a direct exchange, beyond
   // it recursive doubling (tests lower it to run recursive doubling on few
   // ranks). Every rank must use the same value.

@@ -33,7 +33,6 @@ Status StartEngine(MPI_Comm comm, const EngineConfig& config, int64_t init_timeo
   wire.cycle_time_us = config.coordinator.cycle_time_us;
   wire.hierarchical = config.hierarchical;
   wire.small_allreduce_bytes = static_cast<int64_t>(config.collective.small_allreduce_bytes);
-  wire.hierarchical_min_bytes = static_cast<int64_t>(config.collective.hierarchical_min_bytes);
   s = ExchangeSetup(mpi.get(), wire, init_timeout_ms, topology);
   if (!s.ok()) return s;
   std::unique_ptr<Transport> transport;

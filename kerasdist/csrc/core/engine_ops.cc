@@ -67,16 +67,11 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
   const bool adasum = resp.reduce_op == ReduceOp::kAdasum;
   const bool small =
       !adasum && UseSmallAllreduce(total * acc_elem, size_, config_.collective);
-  // Chosen by topology (auto), the hierarchical algorithm starts at a size;
-  // forced on (1), it takes every allreduce past the small path.
-  const bool hierarchical =
-      local_ && (config_.hierarchical == 1 ||
-                 total * acc_elem >= config_.collective.hierarchical_min_bytes);
   Status s = adasum ? AdasumAllreduce(transport_.get(), buf, resp.counts, acc,
                                       config_.collective, &scratch_, &times)
              : small ? SmallAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
                                   config_.collective, &scratch_, &times)
-             : hierarchical ? HierarchicalAllreduce(local_.get(), cross_.get(), buf, total, acc,
+             : local_ ? HierarchicalAllreduce(local_.get(), cross_.get(), buf, total, acc,
                                             resp.reduce_op, config_.collective, &scratch_,
                                             &times)
                    : RingAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,

@@ -20,7 +20,6 @@ struct Record {
   int64_t fusion_threshold;
   int64_t cycle_time_us;
   int64_t small_allreduce_bytes;
-  int64_t hierarchical_min_bytes;
   int32_t hierarchical;
   char host[128];
 };
@@ -63,7 +62,6 @@ Status ExchangeSetup(MpiTransport* mpi, const WireSettings& mine,
   rec.fusion_threshold = mine.fusion_threshold;
   rec.cycle_time_us = mine.cycle_time_us;
   rec.small_allreduce_bytes = mine.small_allreduce_bytes;
-  rec.hierarchical_min_bytes = mine.hierarchical_min_bytes;
   rec.hierarchical = mine.hierarchical;
   if (gethostname(rec.host, sizeof(rec.host) - 1) != 0) std::strcpy(rec.host, "unknown");
   const int n = mpi->size();
@@ -91,8 +89,6 @@ Status ExchangeSetup(MpiTransport* mpi, const WireSettings& mine,
                    [](const Record& x) { return x.cycle_time_us; }, &diff);
   Compare<int64_t>(all, "KERASDIST_SMALL_ALLREDUCE_BYTES",
                    [](const Record& x) { return x.small_allreduce_bytes; }, &diff);
-  Compare<int64_t>(all, "KERASDIST_HIERARCHICAL_MIN_BYTES",
-                   [](const Record& x) { return x.hierarchical_min_bytes; }, &diff);
   Compare<int32_t>(all, "KERASDIST_HIERARCHICAL_ALLREDUCE",
                    [](const Record& x) { return x.hierarchical; }, &diff);
   if (!diff.empty()) {

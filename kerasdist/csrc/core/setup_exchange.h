@@ -25,7 +25,6 @@ struct WireSettings {
   int64_t fusion_threshold = 0;
   int64_t cycle_time_us = 0;
   int64_t small_allreduce_bytes = 0;
-  int64_t hierarchical_min_bytes = 0;
   int32_t hierarchical = 0;      // the allreduce algorithm chosen (0 flat)
 };
 
