@@ -246,6 +246,9 @@ def add_process_set(process_set):
 def remove_process_set(process_set):
     """Stops and forgets a process set; every rank calls it, in the same order.
 
+    For sets made from a split communicator, each rank passes its own set:
+    the sets of that split are removed together.
+
     Returns:
         True if the set was registered (and is now removed), else False.
 
@@ -259,14 +262,23 @@ def remove_process_set(process_set):
     registry = _registry()
     known = set_id is not None and registry.get(set_id) is process_set
     ids = _agree("remove", set_id if known else None)
-    if len(set(ids)) != 1:
-        raise ValueError("Every rank must remove the same process set. Received: "
-                         + "; ".join(f"rank {r}: id {i}" for r, i in enumerate(ids)))
+    distinct = set(ids)
+    if len(distinct) > 1:
+        # One split: each rank names its own set, and each set is named by
+        # exactly its members.
+        split = None not in distinct and all(
+            i in registry and all(ids[q] == i for q in registry[i].ranks)
+            and sorted(r for r, j in enumerate(ids) if j == i) == registry[i].ranks
+            for i in distinct)
+        if not split:
+            raise ValueError("Every rank must remove the same process set (or, for a split "
+                             "communicator, each its own). Received: "
+                             + "; ".join(f"rank {r}: id {i}" for r, i in enumerate(ids)))
     if not known:
         return False
-    context.lib.kerasdist_remove_process_set(set_id)
-    del registry[set_id]
-    process_set.process_set_id = None
+    for i in sorted(distinct):
+        context.lib.kerasdist_remove_process_set(i)
+        registry.pop(i).process_set_id = None
     return True
 
 

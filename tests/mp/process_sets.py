@@ -183,6 +183,9 @@ def run():
     assert split.ranks == [q for q in range(size) if q % 2 == r % 2], split
     got = kd.allreduce(tf.constant([float(r)]), op=kd.Sum, process_set=split)
     assert float(got[0]) == sum(split.ranks)
+    # Each rank removes its own set of the split: all of them go.
+    assert kd.remove_process_set(split) is True and split.process_set_id is None
+    assert kd.add_process_set([0]).ranks == [0]  # ids and registry still agree
     # Static sets given to init(), after a restart of the engine.
     kd.shutdown()
     assert even.process_set_id is None
