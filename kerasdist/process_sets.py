@@ -141,16 +141,28 @@ def _register(sets):
     """Registers `sets` (a list of ProcessSet, the same on every rank, or
     one communicator-made set per rank); returns them with their ids."""
     size = context.size
-    lists = []
+    lists, problem = [], None
+    # A bad set on one rank is reported on every rank, after the agreement
+    # below, so that no rank is left waiting in it.
     for ps in sets:
-        if ps.process_set_id is not None:
-            raise ValueError(f"{ps!r} is registered already.")
-        ranks = _comm_ranks(ps.mpi_comm) if ps.mpi_comm is not None else ps.ranks
-        if any(r >= size for r in ranks):
-            raise ValueError(f"Invalid ranks for a process set: {ranks}. Expected ranks in "
-                             f"[0, {size}).")
+        ranks = []
+        try:
+            if ps.process_set_id is not None:
+                raise ValueError(f"{ps!r} is registered already.")
+            ranks = _comm_ranks(ps.mpi_comm) if ps.mpi_comm is not None else ps.ranks
+            if any(r >= size for r in ranks):
+                raise ValueError(f"Invalid ranks for a process set: {ranks}. Expected "
+                                 f"ranks in [0, {size}).")
+        except ValueError as e:
+            problem = problem or str(e)
         lists.append(ranks)
-    everyone = _agree("add", [(ps.mpi_comm is not None, ranks) for ps, ranks in zip(sets, lists)])
+    everyone = _agree("add", (problem, [(ps.mpi_comm is not None, ranks)
+                                        for ps, ranks in zip(sets, lists)]))
+    problems = [(r, p) for r, (p, _) in enumerate(everyone) if p]
+    if problems:
+        raise ValueError("add_process_set failed: "
+                         + "; ".join(f"rank {r}: {p}" for r, p in problems))
+    everyone = [calls for _, calls in everyone]
     if len({len(p) for p in everyone}) != 1:
         raise ValueError("Every rank must register the same number of process sets. "
                          f"Received: {[len(p) for p in everyone]} by rank.")

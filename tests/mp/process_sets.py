@@ -109,6 +109,10 @@ def check_concurrent(even, odd):
     log(f"disjoint sets ran at once: even {max(even_times):.2f} s, odd {min(odd_times):.2f} s")
 
 
+def size_of_job():
+    return kd.size()
+
+
 def check_errors(even, odd):
     r = kd.rank()
     other = odd if even.included() else even
@@ -124,6 +128,9 @@ def check_errors(even, odd):
     expect(ValueError, lambda: kd.add_process_set([0, 1] if r == 0 else [0, 2]),
            "same ranks")
     expect(ValueError, lambda: kd.add_process_set(even.ranks), "exists already")
+    # A bad set on one rank only: the same error on every rank.
+    expect(ValueError, lambda: kd.add_process_set([0, size_of_job()] if r == 0 else [0, 1]),
+           "rank 0: Invalid ranks")
     expect(ValueError, lambda: kd.remove_process_set(kd.global_process_set), "global")
     expect(ValueError, lambda: kd.ProcessSet([0, 0]), "distinct")
     # A mismatch inside a set fails that collective on the set's ranks only.
