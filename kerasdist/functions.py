@@ -14,7 +14,7 @@ def _next_name(kind, process_set, what):
     return context.next_name(f"{kind}.set{set_id}" if set_id else kind)
 
 
-def broadcast_variables(variables, root_rank=0, name=None, process_set=None):
+def broadcast_variables(variables, root_rank=0, process_set=None, inplace=False, name=None):
     """Assigns `root_rank`'s values to `variables` on every rank.
 
     Args:
@@ -26,9 +26,17 @@ def broadcast_variables(variables, root_rank=0, name=None, process_set=None):
             `tf.function`, so several calls may be in flight together).
         process_set: The `kerasdist.ProcessSet` to broadcast in. Defaults
             to `None` (all ranks).
+        inplace: Write the root's values straight into the variables'
+            buffers (`broadcast_`, one fused op) instead of assigning
+            broadcast tensors. Defaults to False.
     """
     check_initialized()
     variables = list(variables)
+    if inplace:
+        from kerasdist.collectives import broadcast_
+
+        broadcast_(variables, root_rank, name=name, process_set=process_set)
+        return
     if name is None and not tf.executing_eagerly():
         prefix = None  # each op is named after its graph node: unique
     else:

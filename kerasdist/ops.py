@@ -368,25 +368,37 @@ def set_root(root_rank, process_set, what):
     return set_id, (root_rank if ranks is None else ranks.index(root_rank))
 
 
-def barrier(name=None, process_set=None):
+def barrier(process_set=None, name=None):
     """Blocks until every rank (of `process_set`, default all) has called
-    `barrier()`."""
+    `barrier()`.
+
+    Args:
+        process_set: The `kerasdist.ProcessSet` to wait for (Horovod's first
+            argument). Defaults to `None` (every rank).
+        name: Name that matches this barrier across ranks. Defaults to
+            `None` (numbered in call order).
+    """
     check_initialized()
     set_id, _ = _sets.resolve(process_set, "barrier")
     context.ops.kerasdist_barrier(tensor_name=_tensor_name("barrier", name, set_id),
                                   process_set_id=set_id)
 
 
-def join():
+def join(device=""):
     """Declares that this rank has run out of data.
 
     Until every rank has joined, this rank takes part in the other ranks'
     collectives with zeros and is left out of their averages.
 
+    Args:
+        device: Unused (CPU only); accepted for Horovod compatibility.
+            Defaults to `""`.
+
     Returns:
         The rank that joined last, as an int (a tensor inside `tf.function`).
     """
     check_initialized()
+    del device
     _check_not_xla("join")
     out = context.ops.kerasdist_join(tensor_name="join")
     return int(out) if tf.executing_eagerly() else out

@@ -68,7 +68,10 @@ def check_collectives(ps):
     objs = kd.allgather_object({"rank": r}, process_set=ps)
     assert objs == [{"rank": q} for q in ranks], objs
     assert kd.broadcast_object(r * 100, root_rank=ranks[0], process_set=ps) == ranks[0] * 100
-    kd.barrier(process_set=ps)
+    kd.barrier(ps)  # Horovod's positional process_set
+    w2 = tf.Variable([float(r), 1.0])
+    kd.broadcast_variables([w2], ranks[0], ps, inplace=True)  # Horovod's argument order
+    np.testing.assert_array_equal(w2.numpy(), [float(ranks[0]), 1.0])
 
     @tf.function
     def graph_step(t):
