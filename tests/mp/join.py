@@ -30,7 +30,27 @@ def run():
     assert kd.join() in range(size)
     out = kd.allreduce(tf.ones([4]), op=kd.Sum, name="after_join")
     np.testing.assert_array_equal(out.numpy(), np.full(4, size, np.float32))
+    check_reused_name_after_join(size, r)
     log("join ok, last", last)
+
+
+def check_reused_name_after_join(size, r):
+    """A name every rank has cached, then run by the last rank alone with
+    another description while the others have joined, then by every rank
+    with the first description again. The joined ranks must not send their
+    stale cache id (rank 0 caches the newer description under it), which
+    failed as a mismatch before (found by the 100,000-op soak)."""
+    for _ in range(2):  # cached after the first round
+        got = kd.allreduce(tf.constant(3, tf.int8), op=kd.Sum, name="reused").numpy()
+        assert got == 3 * size, got
+    if r == size - 1:
+        x = tf.fill([9], tf.constant(1.5, tf.bfloat16))
+        got = kd.allreduce(x, op=kd.Sum, prescale_factor=2.0, name="reused")
+        np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), np.full(9, 3.0))
+    kd.join()
+    for _ in range(2):
+        got = kd.allreduce(tf.constant(3, tf.int8), op=kd.Sum, name="reused").numpy()
+        assert got == 3 * size, got
 
 
 main(run)

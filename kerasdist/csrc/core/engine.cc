@@ -18,17 +18,6 @@ const char kJoinName[] = "__kerasdist_join__";
 
 }  // namespace
 
-std::string JoinNames(const std::vector<Request*>& reqs) {
-  std::string s;
-  for (const Request* r : reqs) {
-    if (!r) continue;
-    if (!s.empty()) s += ",";
-    if (s.size() > 512) return s + "...";
-    s += r->name;
-  }
-  return s;
-}
-
 Engine::Engine(std::unique_ptr<Transport> transport, const EngineConfig& config,
                const Topology& topology)
     : transport_(std::move(transport)),
@@ -467,7 +456,13 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
     }
     for (size_t i = 0; i < reqs.size(); ++i) {
       Request* r = reqs[i];
-      if (!r) continue;
+      if (!r) {
+        // Joined: rank 0 may now cache a description under this id that this
+        // rank never saw; drop ours, so its next use sends the description.
+        auto it = cache_.find(id_names_[resp.ids[i]]);
+        if (it != cache_.end() && it->second.first == resp.ids[i]) cache_.erase(it);
+        continue;
+      }
       if (s.ok() && !IsPerRankMeta(r->meta.type) && !IsTransientName(r->name))
         cache_[r->name] = {resp.ids[i], r->meta};
       r->done(s);

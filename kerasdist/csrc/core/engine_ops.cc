@@ -8,6 +8,17 @@
 
 namespace kerasdist {
 
+std::string JoinNames(const std::vector<Request*>& reqs) {
+  std::string s;
+  for (const Request* r : reqs) {
+    if (!r) continue;
+    if (!s.empty()) s += ",";
+    if (s.size() > 512) return s + "...";
+    s += r->name;
+  }
+  return s;
+}
+
 Status Engine::RunResponse(const Response& resp, std::vector<Request*>& reqs) {
   switch (resp.type) {
     case OpType::kAllreduce: return RunAllreduce(resp, reqs);
