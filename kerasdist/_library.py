@@ -97,7 +97,6 @@ def load():
     lib.kerasdist_add_process_set.argtypes = [
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ll, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
     lib.kerasdist_remove_process_set.argtypes = [ctypes.c_int]
-    lib.kerasdist_process_set_rank_size.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
     lib.kerasdist_exit_guard.argtypes = [ctypes.c_double]
     lib.kerasdist_cache_entries.restype = ll
     lib.kerasdist_init.restype = ctypes.c_int

@@ -231,7 +231,7 @@ def _allreduce_sparse(slices, op, name, prescale_factor, postscale_factor, proce
     values = allgather(slices.values, name=_derived(name, "values"), process_set=process_set)
     indices = allgather(slices.indices, name=_derived(name, "indices"), process_set=process_set)
     if op == Average:
-        size = _sets.rank_size(_sets.resolve(process_set, "allreduce")[0])[1]
+        size = len(process_set.ranks) if process_set is not None else context.size
         values = values / tf.cast(size, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 

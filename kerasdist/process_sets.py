@@ -104,10 +104,6 @@ class _GlobalProcessSet(ProcessSet):
 global_process_set = _GlobalProcessSet()
 
 
-def _registry():
-    return context.process_sets
-
-
 def _comm_ranks(comm):
     """The ranks of `comm`'s processes in kerasdist's communicator."""
     from mpi4py import MPI
@@ -187,7 +183,7 @@ def _register(sets):
                     f"into disjoint sets, each rank in its own. Received: rank {r} in "
                     f"{ranks}, its members in {[per_rank[q][1] for q in ranks]}")
         plan.append([list(d) for d in distinct])
-    registry = _registry()
+    registry = context.process_sets
     for ranks_list, ps, mine in zip(plan, sets, lists):
         for ranks in ranks_list:
             if any(p.ranks == ranks for p in registry.values()):
@@ -271,7 +267,7 @@ def remove_process_set(process_set):
     if process_set is global_process_set or getattr(process_set, "process_set_id", None) == 0:
         raise ValueError("The global process set cannot be removed.")
     set_id = getattr(process_set, "process_set_id", None)
-    registry = _registry()
+    registry = context.process_sets
     known = set_id is not None and registry.get(set_id) is process_set
     ids = _agree("remove", set_id if known else None)
     distinct = set(ids)
@@ -308,7 +304,7 @@ def resolve(process_set, what):
     set_id = process_set.process_set_id
     if set_id == 0:
         return 0, None
-    if set_id is None or _registry().get(set_id) is not process_set:
+    if set_id is None or context.process_sets.get(set_id) is not process_set:
         raise ValueError(f"{process_set!r} is not registered. Call "
                          "`kerasdist.add_process_set()` on every rank first.")
     if context.rank not in process_set.ranks:
@@ -322,7 +318,7 @@ def rank_size(set_id):
     """This rank's rank and the size in set `set_id` (0: global)."""
     if set_id == 0:
         return context.rank, context.size
-    ranks = _registry()[set_id].ranks
+    ranks = context.process_sets[set_id].ranks
     return ranks.index(context.rank), len(ranks)
 
 
@@ -330,7 +326,7 @@ def included(set_id):
     """Whether this rank is in set `set_id`; ValueError if unknown."""
     if set_id == 0:
         return True
-    ps = _registry().get(set_id)
+    ps = context.process_sets.get(set_id)
     if ps is None:
         raise ValueError(f"Process set {set_id} does not exist.")
     return context.rank in ps.ranks
@@ -338,4 +334,4 @@ def included(set_id):
 
 def by_id(set_id):
     """The registered ProcessSet with id `set_id` (0: the global set)."""
-    return global_process_set if set_id == 0 else _registry()[set_id]
+    return global_process_set if set_id == 0 else context.process_sets[set_id]

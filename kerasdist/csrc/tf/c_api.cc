@@ -110,17 +110,6 @@ int kerasdist_remove_process_set(int id) {
   return ctx && ctx->RemoveProcessSet(id) ? 1 : 0;
 }
 
-// The rank and size of this process in process set `id`'s engine, or
-// 1 if this rank has no engine for it.
-int kerasdist_process_set_rank_size(int id, int* out) {
-  auto ctx = kerasdist::CurrentContext();
-  auto engine = ctx ? ctx->EngineFor(id) : nullptr;
-  if (!engine) return 1;
-  out[0] = engine->rank();
-  out[1] = engine->size();
-  return 0;
-}
-
 // Called at interpreter exit. After a failed collective, MPI_Finalize (which
 // mpi4py calls next) can wait forever on a peer that is frozen or gone, or on
 // requests MPI could not cancel. So if some engine of this process failed,
