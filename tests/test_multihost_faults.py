@@ -220,12 +220,6 @@ def test_cut_link_survivors_fail_in_bound_and_nothing_is_left(case):
         assert o.job.returncode not in (0, None), o.describe()
 
 
-@pytest.mark.xfail(strict=True, reason="engine: a transfer timeout names only the "
-                   "peer it waited on, without its host ('timed out after 5000 ms "
-                   "receiving 262144 bytes from rank 2 in allreduce ...'), and in a "
-                   "flat ring a survivor downstream of a blocked survivor blames that "
-                   "healthy rank ('... from rank 0'); only the coordinator's liveness "
-                   "abort says 'rank 2 (host ...)'")
 def test_cut_link_every_survivor_names_a_lost_rank_and_host():
     for case in LINK_CASES:
         check_survivor_errors(link_cut(case), names="host")

@@ -18,8 +18,8 @@ Points (the victim's side; survivors do the collective that needs it):
   dies.
 - negotiation: after `init()`; the others wait in an allreduce the victim
   never submits.
-- mid_ring: 0.4 x a measured 64 MiB allreduce into the same allreduce
-  (a timer thread fires while the ring runs).
+- mid_ring: 1.4 x a measured 64 MiB allreduce into a loop of the same
+  allreduce (a timer thread fires while a ring runs).
 - mid_fit: at batch 20 of `fit` (tiny Keras model, DistributedOptimizer),
   the others inside their step's gradient allreduces.
 - shutdown: the others are inside `shutdown()`; the victim dies 2 ms into
@@ -137,10 +137,14 @@ def mid_ring(victim):
     took = time.monotonic() - start
     assert float(out[0]) == SIZE and float(out[-1]) == SIZE, out[:4]
     if victim:
-        fault_in(0.4 * took, warm_allreduce_s=round(took, 4))
-    kd.allreduce(x, op=kd.Sum, name="big")
+        # 1.4 x into a loop of rings: one run can be faster than the warm one,
+        # so a single ring might end before the timer and leave the survivors
+        # nothing to wait for; the loop keeps them inside a collective.
+        fault_in(1.4 * took, warm_allreduce_s=round(took, 4))
+    for _ in range(40):
+        kd.allreduce(x, op=kd.Sum, name="big")
     if victim:
-        time.sleep(3600)  # The ring finished before the timer: still fault.
+        time.sleep(3600)
 
 
 def mid_fit(victim):

@@ -346,6 +346,7 @@ void Engine::RunLoop(Status* exit_status) {
     }
     FinishControlSends(0);
     if (!running) break;
+    AnswerRollCall(NowMicros());
     if (progressed) {
       idle_since = NowMicros();
       backoff_us = 0;
@@ -443,14 +444,12 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
       s = RunResponse(resp, reqs);
       if (!s.ok()) {
         // A failed transfer leaves the ranks out of step: stop the engine.
-        std::string where;
-        if (s.peer() >= 0 && static_cast<size_t>(s.peer()) < topology_.hosts.size())
-          where = " (host " + topology_.hosts[s.peer()] +
-                  "; if it is alive, it is itself waiting on another rank)";
+        // The peer it names may be healthy and waiting further round the
+        // ring: the roll call finds the ranks that are really lost.
         *exit_status = Status(s.code() == StatusCode::kTimeout ? StatusCode::kTimeout
                                                                : StatusCode::kAborted,
-                              Prefix() + s.message() + where + " in " +
-                                  OpTypeName(resp.type) + " '" + JoinNames(reqs) + "'");
+                              Prefix() + s.message() + " in " + OpTypeName(resp.type) +
+                                  " '" + JoinNames(reqs) + "'" + RollCall(s.peer()));
         return false;
       }
     }

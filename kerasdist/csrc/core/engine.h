@@ -111,6 +111,12 @@ class Engine {
   void SendControl(int peer, int tag, std::string bytes);
   void FinishControlSends(int64_t timeout_ms);
   void FailAll(const Status& status);
+  // engine_rollcall.cc: after a failed transfer, asks every rank who is
+  // alive (bounded) and returns the text naming the lost ranks.
+  std::string RollCall(int suspect);
+  void AnswerRollCall(int64_t now_us);
+  bool TakeRollReport(int64_t now_us, int* peer, int* kind);
+  int64_t RollCallWindowUs() const;
   std::string Prefix() const;
 
   std::unique_ptr<Transport> transport_;
@@ -141,6 +147,8 @@ class Engine {
       control_sends_;
   Timeline timeline_;
   bool joined_ = false;
+  std::vector<int64_t> roll_heard_us_;  // when each rank last reported
+  int64_t last_roll_probe_us_ = 0;
   uint64_t lists_run_ = 0;  // response lists with content executed
   std::atomic<size_t> cache_entries_{0};
 };

@@ -174,6 +174,53 @@ static bool WaitRequest(MPI_Request* req, int64_t timeout_ms) {
   }
 }
 
+// After init()'s duplicate timed out: every rank whose own timed out says so
+// to all the others on `comm` (empty messages, a tag of our own), and for a
+// bounded window listens for theirs. The ranks not heard from are the ones
+// that never reached init() or stopped in it. Returns the text naming them.
+static std::string InitRollCall(MPI_Comm comm, int rank, int size) {
+  constexpr int kInitRollTag = 32107;
+  static char none[1];
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    MPI_Request req = MPI_REQUEST_NULL;
+    // Never waited for: a rank that never answers never receives it either.
+    if (MPI_Isend(none, 0, MPI_BYTE, r, kInitRollTag, comm, &req) == MPI_SUCCESS)
+      MPI_Request_free(&req);
+  }
+  std::vector<bool> heard(size, false);
+  heard[rank] = true;
+  int missing = size - 1;
+  const int64_t start = NowMicros();
+  while (missing > 0 && NowMicros() - start < 2000000) {
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kInitRollTag, comm, &flag, &status) != MPI_SUCCESS) break;
+    if (!flag) {
+      SleepMicros(1000);
+      continue;
+    }
+    const int src = status.MPI_SOURCE;
+    MPI_Recv(none, 0, MPI_BYTE, src, kInitRollTag, comm, MPI_STATUS_IGNORE);
+    if (src >= 0 && src < size && !heard[src]) {
+      heard[src] = true;
+      --missing;
+    }
+  }
+  std::string lost, alive;
+  int n_lost = 0;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    std::string& list = heard[r] ? alive : lost;
+    list += (list.empty() ? "" : ", ") + std::to_string(r);
+    n_lost += heard[r] ? 0 : 1;
+  }
+  if (n_lost == 0) return "; every rank answered a roll call, so all of them are in init()";
+  return std::string("; ") + (n_lost == 1 ? "rank " : "ranks ") + lost +
+         " did not answer a roll call within 2 s (never reached init(), or stopped)" +
+         (alive.empty() ? "" : "; the others did");
+}
+
 MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -211,7 +258,8 @@ Status MpiTransport::Create(MPI_Comm comm, int64_t timeout_ms,
     return Status(StatusCode::kTimeout,
                   "rank " + std::to_string(rank) + "/" + std::to_string(size) +
                       ": timed out after " + std::to_string(timeout_ms) +
-                      " ms waiting for all ranks to call init()");
+                      " ms waiting for all ranks to call init()" +
+                      InitRollCall(comm, rank, size));
   }
   // Errors come back as return codes on this communicator, whatever the
   // application chose for its own: every call's code is checked.

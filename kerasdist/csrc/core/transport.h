@@ -24,6 +24,7 @@ enum Tag : int {
   kTagResponse = 2,  // coordinator -> worker response lists
   kTagData = 3,      // collective payloads
   kTagBye = 4,       // worker -> coordinator: shutdown acknowledged
+  kTagRollCall = 5,  // after a failed transfer: who is still alive
 };
 
 class Transfer {
