@@ -8,6 +8,7 @@ import atexit
 import ctypes
 import math
 import os
+import time
 
 import tensorflow as tf
 
@@ -31,6 +32,10 @@ class Context:
         self.config = None
         self.name_counters = {}
         self.atexit_registered = False
+        # init(comm=[...])'s agreement: buffers of sends MPI may still read,
+        # and whether a failed agreement may have left messages unreceived.
+        self.sent_buffers = []
+        self.stray_messages = False
         self.process_sets = {}  # id -> ProcessSet (kerasdist.process_sets)
         self.next_process_set_id = 1
 
@@ -124,7 +129,107 @@ def _env_choice(name):
         ) from None
 
 
-def _resolve_comm(comm):
+_COMM_TAG = 32108  # init(comm=[...])'s agreement, on MPI.COMM_WORLD
+_INIT_ROLL_TAG = 32107  # the engine's roll call after an init() timeout
+
+
+def _agree_on_ranks(world, ranks, timeout_s):
+    """Checks, with a bound, that every listed rank passed the same list.
+
+    `Create_group` hangs when the members pass different groups, so the
+    members first exchange their lists point to point on `COMM_WORLD`. A rank
+    that sees a different list tells the others that agreed with it, so every
+    member fails at once; a member that never calls fails the others after
+    `timeout_s`.
+    """
+    from mpi4py import MPI
+
+    me = world.Get_rank()
+    peers = [r for r in ranks if r != me]
+
+    def send(peer, message):
+        # Small messages: MPI sends them eagerly. Freeing the request leaves
+        # nothing for MPI_Finalize to trip over; the buffer stays alive.
+        buf = bytearray(repr(message).encode())
+        request = world.Isend([buf, MPI.BYTE], dest=peer, tag=_COMM_TAG)
+        if not request.Test():
+            context.sent_buffers.append(buf)
+            request.Free()
+
+    for r in peers:
+        send(r, ("ranks", ranks))
+    pending, problem = set(peers), None
+    deadline = time.monotonic() + timeout_s
+    while pending and problem is None and time.monotonic() < deadline:
+        # Only from the listed ranks: a message from any other is meant for
+        # a later init(comm) of its own.
+        status = MPI.Status()
+        if not any(world.Iprobe(source=r, tag=_COMM_TAG, status=status) for r in peers):
+            time.sleep(0.001)
+            continue
+        buf = bytearray(status.Get_count(MPI.BYTE))
+        world.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=_COMM_TAG)
+        kind, value = _parse_message(bytes(buf))
+        src = status.Get_source()
+        if kind == "ranks" and value == ranks:
+            pending.discard(src)
+        elif kind == "ranks":
+            problem = f"world rank {src} passed comm={value} and world rank {me} comm={ranks}"
+            for r in peers:
+                if r != src:
+                    send(r, ("differ", problem))
+        else:
+            problem = value
+    if problem is not None or pending:
+        context.stray_messages = True
+    if problem is not None:
+        raise ValueError(
+            "Invalid value for argument `comm`: every listed rank must pass "
+            f"the same list to init(comm), but {problem}.")
+    if pending:
+        raise RuntimeError(
+            f"kerasdist.init() failed: world ranks {sorted(pending)} are in "
+            f"comm={ranks} but did not call init(comm) with it within "
+            f"{timeout_s:g} s (KERASDIST_INIT_TIMEOUT_SECONDS).")
+
+
+def _drop_stray_messages(bound_s=0.2, quiet_s=0.05):
+    """Receives and drops what failed agreements left on `COMM_WORLD`.
+
+    MPICH's `MPI_Finalize` fails on a `COMM_WORLD` that still holds
+    unreceived messages, and Hydra then kills every rank of the job.
+    """
+    from mpi4py import MPI
+
+    if MPI.Is_finalized() or not MPI.Is_initialized():
+        return
+    world = MPI.COMM_WORLD
+    start = last = time.monotonic()
+    while True:
+        status = MPI.Status()
+        if not any(world.Iprobe(source=MPI.ANY_SOURCE, tag=t, status=status)
+                   for t in (_COMM_TAG, _INIT_ROLL_TAG)):
+            now = time.monotonic()
+            if now - start >= bound_s or now - last >= quiet_s:
+                return
+            time.sleep(0.001)
+            continue
+        world.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE],
+                   source=status.Get_source(), tag=status.Get_tag())
+        last = time.monotonic()
+
+
+def _parse_message(data):
+    import ast
+
+    try:
+        kind, value = ast.literal_eval(data.decode())
+        return str(kind), value
+    except (ValueError, SyntaxError, UnicodeDecodeError, TypeError):
+        return "corrupt", "an unreadable message on kerasdist's tag"
+
+
+def _resolve_comm(comm, timeout_s=300.0):
     from mpi4py import MPI
 
     if comm is None:
@@ -146,6 +251,7 @@ def _resolve_comm(comm):
                 f"This process (world rank {world.Get_rank()}) is not in "
                 f"`comm`={ranks}; only the listed ranks may call init(comm)."
             )
+        _agree_on_ranks(world, ranks, timeout_s)
         group = world.Get_group().Incl(ranks)
         return world.Create_group(group)
     raise TypeError(
@@ -197,7 +303,8 @@ def init(comm=None, process_sets=None):
             Defaults to `None`.
 
     Raises:
-        ValueError: If `comm` or a `KERASDIST_*` variable is invalid.
+        ValueError: If `comm` or a `KERASDIST_*` variable is invalid, or the
+            listed ranks passed different lists (on every one of them).
         RuntimeError: If the other ranks do not join within
             `KERASDIST_INIT_TIMEOUT_SECONDS`.
     """
@@ -209,11 +316,11 @@ def init(comm=None, process_sets=None):
             "Invalid value for argument `process_sets`. Expected a list of "
             f"kerasdist.ProcessSet, 'dynamic' or None. Received: {process_sets!r}")
     config = read_config()
-    mpi_comm = _resolve_comm(comm)
     if not ctx.atexit_registered:
         # Before the engine starts: a failed init() must bound the exit too.
         atexit.register(_shutdown_at_exit)
         ctx.atexit_registered = True
+    mpi_comm = _resolve_comm(comm, config["init_timeout_s"])
     err = ctypes.create_string_buffer(4096)
     rc = ctx.lib.kerasdist_init(
         mpi_comm.py2f(),
@@ -235,6 +342,7 @@ def init(comm=None, process_sets=None):
         len(err),
     )
     if rc != 0:
+        ctx.stray_messages = True  # the roll call after a timeout
         raise RuntimeError(f"kerasdist.init() failed: {err.value.decode()}")
     ctx.comm = mpi_comm
     ctx.rank, ctx.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
@@ -265,6 +373,8 @@ _EXIT_BOUND_SECONDS = 5.0
 
 def _shutdown_at_exit():
     shutdown()
+    # Another rank's failed agreement may have sent here too: always look.
+    _drop_stray_messages(0.2 if context.stray_messages else 0.0)
     context.lib.kerasdist_exit_guard(_EXIT_BOUND_SECONDS)
 
 

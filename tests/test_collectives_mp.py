@@ -83,6 +83,12 @@ def test_shutdown_reinit_subcomm_and_timeline(np_, tmp_path):
     assert "timeline events:" in out
 
 
+def test_init_comm_list_with_a_rank_that_never_calls_fails_naming_it():
+    out = run_mpi("comm_missing.py", 3, timeout=120,
+                  env={"KERASDIST_INIT_TIMEOUT_SECONDS": "3"}).stdout
+    assert out.count("comm_missing OK") == 3, out[-3000:]
+
+
 @pytest.mark.parametrize("np_", [2, 4])
 def test_adasum_matches_numpy_tree_per_tensor_with_identical_replicas(np_):
     out = run_mpi("adasum.py", np_, timeout=300).stdout

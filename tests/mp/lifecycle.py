@@ -38,8 +38,20 @@ def run():
             assert kd.size() == 2 and kd.rank() == r
             np.testing.assert_array_equal(total("sub"), np.full(3, 2.0, np.float32))
             kd.shutdown()
+        # Ranks that pass different lists fail at once, on every member,
+        # naming the lists, and the engine starts normally afterwards.
+        lists = {0: [0, 1], 1: [0, 1, 2], 2: [0, 1, 2]}
+        if r in lists:
+            try:
+                kd.init(comm=lists[r])
+                raise AssertionError("init() with differing comm lists should fail")
+            except ValueError as e:
+                assert "must pass the same list" in str(e), e
+                assert "comm=[0, 1]" in str(e), e
+                assert not kd.is_initialized()
         kd.init()
         kd.barrier()
+        np.testing.assert_array_equal(total("after"), np.full(3, size, np.float32))
     path = os.environ.get("KERASDIST_TIMELINE")
     if path:
         step = tf.function(lambda ts: kd.grouped_allreduce(ts, name="tl"))
