@@ -49,10 +49,13 @@ struct RingTimes {
 // allgather, N-1 steps each. Every rank sends 2(N-1)/N of the buffer.
 // kAverage reduces as a sum; the caller divides (see Finalize in reduce.h).
 // `scratch` is grown as needed and reused across calls.
+// With `src` (not null), the input is read from `src` and `buf` is only
+// written: no copy of the input into `buf` is needed first.
 Status RingAllreduce(Transport* transport, void* buf, size_t count,
                      DataType dtype, ReduceOp op,
                      const CollectiveOptions& options,
-                     std::vector<char>* scratch, RingTimes* times);
+                     std::vector<char>* scratch, RingTimes* times,
+                     const void* src = nullptr);
 
 // One or both phases of RingAllreduce. After the reduce-scatter alone, rank
 // r holds the fully reduced chunk RingOwnedChunk(r, n), whose place in the
@@ -61,7 +64,8 @@ Status RingAllreducePhases(Transport* transport, void* buf, size_t count,
                            DataType dtype, ReduceOp op,
                            const CollectiveOptions& options,
                            std::vector<char>* scratch, RingTimes* times,
-                           bool reduce_scatter, bool allgather);
+                           bool reduce_scatter, bool allgather,
+                           const void* src = nullptr);
 int RingOwnedChunk(int rank, int size);
 void RingChunk(size_t count, int size, int chunk, size_t* offset, size_t* elems);
 

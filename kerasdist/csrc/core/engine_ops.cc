@@ -51,11 +51,18 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
   }
   const bool widen = acc != dtype;
   const bool single = !widen && reqs.size() == 1 && reqs[0] != nullptr;
+  const bool adasum = resp.reduce_op == ReduceOp::kAdasum;
+  const bool small =
+      !adasum && UseSmallAllreduce(total * acc_elem, size_, config_.collective);
+  // One tensor on the flat ring with no prescale: the ring reads the input
+  // itself and writes only the output, so nothing is copied up front.
+  const void* ring_src =
+      single && !adasum && !small && !local_ && prescale == 1.0 ? reqs[0]->input : nullptr;
   char* buf;
   const int64_t t0 = NowMicros();
   if (single) {
     buf = static_cast<char*>(reqs[0]->output);
-    CopyScaled(buf, reqs[0]->input, total, dtype, prescale);
+    if (!ring_src) CopyScaled(buf, reqs[0]->input, total, dtype, prescale);
   } else {
     if (fusion_buffer_.size() < total * acc_elem) fusion_buffer_.resize(total * acc_elem);
     buf = fusion_buffer_.data();
@@ -75,9 +82,6 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
   }
   const int64_t t1 = NowMicros();
   RingTimes times;
-  const bool adasum = resp.reduce_op == ReduceOp::kAdasum;
-  const bool small =
-      !adasum && UseSmallAllreduce(total * acc_elem, size_, config_.collective);
   Status s = adasum ? AdasumAllreduce(transport_.get(), buf, resp.counts, acc,
                                       config_.collective, &scratch_, &times)
              : small ? SmallAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
@@ -86,7 +90,7 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
                                             resp.reduce_op, config_.collective, &scratch_,
                                             &times)
                    : RingAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
-                                   config_.collective, &scratch_, &times);
+                                   config_.collective, &scratch_, &times, ring_src);
   if (!s.ok()) return s;
   Finalize(buf, total, acc, finalize_op, contributors, resp.postscale);
   const int64_t t2 = NowMicros();

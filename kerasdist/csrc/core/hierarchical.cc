@@ -27,8 +27,8 @@ bool GroupTransport::CanRecvReduce(int peer) const {
 
 std::unique_ptr<Transfer> GroupTransport::IrecvReduce(int peer, int tag, void* dest,
                                                       size_t bytes, DataType dtype,
-                                                      ReduceOp op) {
-  return parent_->IrecvReduce(ranks_[peer], tag, dest, bytes, dtype, op);
+                                                      ReduceOp op, const void* first) {
+  return parent_->IrecvReduce(ranks_[peer], tag, dest, bytes, dtype, op, first);
 }
 
 bool UseHierarchical(int setting, const Topology& t) {

@@ -32,8 +32,8 @@ class GroupTransport : public Transport {
                                   size_t bytes) override;
   bool CanRecvReduce(int peer) const override;
   std::unique_ptr<Transfer> IrecvReduce(int peer, int tag, void* dest,
-                                        size_t bytes, DataType dtype,
-                                        ReduceOp op) override;
+                                        size_t bytes, DataType dtype, ReduceOp op,
+                                        const void* first = nullptr) override;
   bool Probe(int, int*, size_t*) override { return false; }
   Status RecvProbed(int, int, void*, size_t) override {
     return Status(StatusCode::kInternal, "control messages stay on the world transport");

@@ -309,6 +309,27 @@ void ReduceInto(void* dst, const void* src, size_t count, DataType dtype,
   }
 }
 
+template <typename T>
+void SumFrom(T* __restrict dst, const T* __restrict a, const T* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+}
+
+void ReduceFrom(void* dst, const void* a, const void* b, size_t count, DataType dtype,
+                ReduceOp op) {
+  if (count == 0) return;
+  const bool sum = op == ReduceOp::kSum || op == ReduceOp::kAverage;
+  if (dst != a && sum && dtype == DataType::kFloat32) {
+    SumFrom(static_cast<float*>(dst), static_cast<const float*>(a),
+            static_cast<const float*>(b), count);
+  } else if (dst != a && sum && dtype == DataType::kFloat64) {
+    SumFrom(static_cast<double*>(dst), static_cast<const double*>(a),
+            static_cast<const double*>(b), count);
+  } else {
+    if (dst != a) std::memcpy(dst, a, count * DataTypeSize(dtype));
+    ReduceInto(dst, b, count, dtype, op);
+  }
+}
+
 void ScaleInPlace(void* buf, size_t count, DataType dtype, double factor) {
   if (factor == 1.0 || count == 0) return;
   ScaleDispatch(buf, buf, count, dtype, factor);

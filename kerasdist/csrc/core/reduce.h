@@ -15,6 +15,11 @@ namespace kerasdist {
 void ReduceInto(void* dst, const void* src, size_t count, DataType dtype,
                 ReduceOp op);
 
+// dst[i] = op(a[i], b[i]): ReduceInto out of place (`dst` may equal `a`).
+// float32 and float64 sums run in one pass; other cases copy `a` first.
+void ReduceFrom(void* dst, const void* a, const void* b, size_t count, DataType dtype,
+                ReduceOp op);
+
 // buf[i] *= factor. Integers are multiplied in double and truncated toward
 // zero, saturating at the type's range. A factor of exactly 1.0 is a no-op.
 void ScaleInPlace(void* buf, size_t count, DataType dtype, double factor);

@@ -8,6 +8,7 @@
 // circulates the reduced chunks for another N-1 steps. Each rank sends
 // 2(N-1)/N * S bytes in total, which is bandwidth-optimal.
 #include <algorithm>
+#include <cstring>
 
 #include "collectives.h"
 #include "ring_pass.h"
@@ -31,10 +32,13 @@ Status RingAllreducePhases(Transport* transport, void* buf, size_t count,
                            DataType dtype, ReduceOp op,
                            const CollectiveOptions& options,
                            std::vector<char>* scratch, RingTimes* times,
-                           bool reduce_scatter, bool allgather) {
+                           bool reduce_scatter, bool allgather, const void* src) {
   const int n = transport->size();
   const int r = transport->rank();
   if (times) times->start = NowMicros();
+  if (src && src != buf && (n == 1 || !reduce_scatter))
+    std::memcpy(buf, src, count * DataTypeSize(dtype));  // nothing to fold it into
+  if (!reduce_scatter) src = nullptr;
   if (n == 1 || count == 0) {
     if (times) times->reduce_scatter_end = times->end = NowMicros();
     return Status::OK();
@@ -60,7 +64,8 @@ Status RingAllreducePhases(Transport* transport, void* buf, size_t count,
   }
   int64_t switch_time = 0;
   Status s = RunRingPass(transport, static_cast<char*>(buf), layout, steps,
-                         dtype, op, options, scratch, &switch_time);
+                         dtype, op, options, scratch, &switch_time,
+                         static_cast<const char*>(src));
   if (times) {
     times->reduce_scatter_end = allgather ? switch_time : NowMicros();
     times->end = NowMicros();
@@ -75,9 +80,10 @@ void RingChunk(size_t count, int size, int chunk, size_t* offset, size_t* elems)
 Status RingAllreduce(Transport* transport, void* buf, size_t count,
                      DataType dtype, ReduceOp op,
                      const CollectiveOptions& options,
-                     std::vector<char>* scratch, RingTimes* times) {
+                     std::vector<char>* scratch, RingTimes* times,
+                     const void* src) {
   return RingAllreducePhases(transport, buf, count, dtype, op, options, scratch,
-                             times, true, true);
+                             times, true, true, src);
 }
 
 }  // namespace kerasdist

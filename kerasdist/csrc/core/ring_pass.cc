@@ -23,7 +23,8 @@ struct SegmentRecv {
 Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
                    const std::vector<RingStep>& steps, DataType dtype,
                    ReduceOp op, const CollectiveOptions& options,
-                   std::vector<char>* scratch, int64_t* phase_switch_time) {
+                   std::vector<char>* scratch, int64_t* phase_switch_time,
+                   const char* src) {
   const int n = transport->size();
   if (n == 1 || steps.empty()) return Status::OK();
   const int right = (transport->rank() + 1) % n;
@@ -61,10 +62,12 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
   };
 
   // Step 0 sends this rank's own chunk; later sends forward received data.
+  if (src == buf) src = nullptr;
+  const char* own = src ? src : buf;
   const int first = steps[0].send_chunk;
   for (size_t off = 0; off < layout.chunk_bytes[first]; off += seg_bytes) {
     sends[layout.chunk_offset[first] + off].push_back(transport->Isend(
-        right, kTagData, buf + layout.chunk_offset[first] + off,
+        right, kTagData, own + layout.chunk_offset[first] + off,
         std::min(seg_bytes, layout.chunk_bytes[first] - off)));
   }
 
@@ -79,7 +82,7 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
     }
     if (reduce && fused_reduce) {
       inflight[k % window] = transport->IrecvReduce(left, kTagData, buf + e.offset,
-                                                    e.bytes, dtype, op);
+                                                    e.bytes, dtype, op, own + e.offset);
     } else {
       char* dest = fused_reduce ? buf + e.offset : scratch->data() + (k % window) * seg_bytes;
       inflight[k % window] = transport->Irecv(left, kTagData, dest, e.bytes);
@@ -110,8 +113,8 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
     }
     inflight[k % window].reset();
     if (steps[e.step].reduce && !fused_reduce) {
-      ReduceInto(buf + e.offset, scratch->data() + (k % window) * seg_bytes,
-                 e.bytes / elem, dtype, op);
+      ReduceFrom(buf + e.offset, src ? src + e.offset : buf + e.offset,
+                 scratch->data() + (k % window) * seg_bytes, e.bytes / elem, dtype, op);
     } else if (!fused_reduce) {
       std::memcpy(buf + e.offset, scratch->data() + (k % window) * seg_bytes, e.bytes);
     }

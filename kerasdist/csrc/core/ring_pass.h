@@ -4,6 +4,12 @@
 // its left one, reducing it into place (reduce-scatter steps) or storing it
 // (allgather steps). The chunk received at step s is the one sent at step s+1,
 // so each segment is forwarded as soon as it has arrived.
+//
+// With `src` (not null, not `buf`), the pass reads this rank's own data from
+// `src` and writes only `buf`: step 0 sends out of `src`, and a reduce step
+// computes buf = op(src, incoming). That is right when every chunk is
+// reduced at most once and `buf` holds nothing yet (a ring reduce-scatter),
+// and saves copying the whole input into `buf` first.
 #pragma once
 
 #include <vector>
@@ -27,6 +33,7 @@ struct RingLayout {
 Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
                    const std::vector<RingStep>& steps, DataType dtype,
                    ReduceOp op, const CollectiveOptions& options,
-                   std::vector<char>* scratch, int64_t* phase_switch_time);
+                   std::vector<char>* scratch, int64_t* phase_switch_time,
+                   const char* src = nullptr);
 
 }  // namespace kerasdist

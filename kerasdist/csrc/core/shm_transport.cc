@@ -175,6 +175,7 @@ class ShmTransfer : public Transfer {
   uint64_t moved_ = 0;  // fragments copied so far
   const char* src_ = nullptr;
   char* dst_ = nullptr;
+  const char* first_ = nullptr;  // reduce out of place: dst = op(first, incoming)
   bool reduce_ = false;
   DataType dtype_ = DataType::kUInt8;
   ReduceOp op_ = ReduceOp::kSum;
@@ -339,13 +340,14 @@ bool ShmTransport::CanRecvReduce(int peer) const {
 
 std::unique_ptr<Transfer> ShmTransport::IrecvReduce(int peer, int tag, void* dest,
                                                     size_t bytes, DataType dtype,
-                                                    ReduceOp op) {
+                                                    ReduceOp op, const void* first) {
   Channel* c = tag == kTagData ? Find(ins_, peer) : nullptr;
   if (!c) return nullptr;
   auto t = std::make_unique<ShmTransfer>(this, peer, bytes, false);
   t->channel_ = c;
   t->dst_ = static_cast<char*>(dest);
   t->reduce_ = true;
+  t->first_ = first == dest ? nullptr : static_cast<const char*>(first);
   t->dtype_ = dtype;
   t->op_ = op;
   c->queue.push_back(t.get());
@@ -413,7 +415,11 @@ void ShmTransport::PullRecvs(Channel* c) {
       const char* src = Slot(c->seg.get(), c->pos);
       if (got && t->reduce_) {
         const size_t elem = DataTypeSize(t->dtype_);
-        ReduceInto(t->dst_ + off, src, got / elem, t->dtype_, t->op_);
+        if (t->first_) {
+          ReduceFrom(t->dst_ + off, t->first_ + off, src, got / elem, t->dtype_, t->op_);
+        } else {
+          ReduceInto(t->dst_ + off, src, got / elem, t->dtype_, t->op_);
+        }
       } else if (got) {
         std::memcpy(t->dst_ + off, src, got);
       }

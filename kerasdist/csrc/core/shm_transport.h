@@ -49,8 +49,8 @@ class ShmTransport : public Transport {
                                   size_t bytes) override;
   bool CanRecvReduce(int peer) const override;
   std::unique_ptr<Transfer> IrecvReduce(int peer, int tag, void* dest,
-                                        size_t bytes, DataType dtype,
-                                        ReduceOp op) override;
+                                        size_t bytes, DataType dtype, ReduceOp op,
+                                        const void* first = nullptr) override;
   bool Probe(int tag, int* peer, size_t* bytes) override;
   Status RecvProbed(int peer, int tag, void* buf, size_t bytes) override;
   std::string Name() const override;

@@ -62,11 +62,11 @@ class Transport {
   // Whether IrecvReduce() is available for data from `peer`.
   virtual bool CanRecvReduce(int peer) const { return false; }
   // Receives `bytes` from `peer` and reduces them into `dest` as they arrive
-  // (dest[i] = op(dest[i], incoming[i])), with no intermediate buffer. Only
-  // valid when CanRecvReduce(peer).
+  // (dest[i] = op(first[i], incoming[i]), `first` defaulting to `dest`), with
+  // no intermediate buffer. Only valid when CanRecvReduce(peer).
   virtual std::unique_ptr<Transfer> IrecvReduce(int peer, int tag, void* dest,
                                                 size_t bytes, DataType dtype,
-                                                ReduceOp op) {
+                                                ReduceOp op, const void* first = nullptr) {
     return nullptr;
   }
   // Non-blocking probe for a message with `tag` from any peer. On success
