@@ -449,7 +449,7 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
         *exit_status = Status(s.code() == StatusCode::kTimeout ? StatusCode::kTimeout
                                                                : StatusCode::kAborted,
                               Prefix() + s.message() + " in " + OpTypeName(resp.type) +
-                                  " '" + JoinNames(reqs) + "'" + RollCall(s.peer()));
+                                  " '" + JoinNames(reqs) + "'" + RollCall());
         return false;
       }
     }

@@ -18,14 +18,9 @@ namespace {
 
 enum RollKind : int32_t { kRollFailed = 1, kRollAlive = 2 };
 
-struct RollReport {
-  int32_t kind;
-  int32_t suspect;  // the peer the sender's failed transfer waited on, or -1
-};
-
-std::string Encode(RollKind kind, int suspect) {
-  RollReport r{kind, suspect};
-  return std::string(reinterpret_cast<const char*>(&r), sizeof(r));
+std::string Encode(RollKind kind) {
+  const int32_t k = kind;
+  return std::string(reinterpret_cast<const char*>(&k), sizeof(k));
 }
 
 }  // namespace
@@ -45,10 +40,10 @@ bool Engine::TakeRollReport(int64_t now_us, int* peer_out, int* kind_out) {
   Status s = transport_->RecvProbed(peer, kTagRollCall, &wire[0], bytes);
   *peer_out = peer;
   *kind_out = 0;
-  if (!s.ok() || bytes != sizeof(RollReport)) return true;  // heard, unreadable
-  RollReport r;
-  std::memcpy(&r, wire.data(), sizeof(r));
-  *kind_out = r.kind;
+  if (!s.ok() || bytes != sizeof(int32_t)) return true;  // heard, unreadable
+  int32_t kind;
+  std::memcpy(&kind, wire.data(), sizeof(kind));
+  *kind_out = kind;
   if (roll_heard_us_.size() != static_cast<size_t>(size_)) roll_heard_us_.assign(size_, 0);
   if (peer >= 0 && peer < size_) roll_heard_us_[peer] = now_us;
   return true;
@@ -59,14 +54,14 @@ void Engine::AnswerRollCall(int64_t now_us) {
   last_roll_probe_us_ = now_us;
   int peer, kind;
   while (TakeRollReport(now_us, &peer, &kind)) {
-    if (kind == kRollFailed) SendControl(peer, kTagRollCall, Encode(kRollAlive, -1));
+    if (kind == kRollFailed) SendControl(peer, kTagRollCall, Encode(kRollAlive));
   }
 }
 
-std::string Engine::RollCall(int suspect) {
+std::string Engine::RollCall() {
   const int64_t start = NowMicros();
   if (roll_heard_us_.size() != static_cast<size_t>(size_)) roll_heard_us_.assign(size_, 0);
-  const std::string report = Encode(kRollFailed, suspect);
+  const std::string report = Encode(kRollFailed);
   for (int r = 0; r < size_; ++r)
     if (r != rank_) SendControl(r, kTagRollCall, report);
   const int64_t window = RollCallWindowUs();
