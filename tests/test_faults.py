@@ -38,6 +38,9 @@ What each group proves:
   survivors fail by themselves, the launcher also ends the frozen victim.
 - SIGKILL under plain `mpiexec` (mid_ring): Hydra alone ends the job when a
   rank dies from a signal; kerasdist leaves no segment behind.
+- SIGSTOP under plain `mpiexec` (coordinator_blocked, np=3): a worker that
+  waits on rank 0 while rank 0 is blocked on the frozen rank hears nothing
+  from rank 0; its error must still name the frozen rank (the roll call).
 
 np=3 runs only where the number of ranks changes who notices (a negotiation
 coordinated by rank 0, a ring with a rank that is not the victim's peer);
@@ -89,7 +92,8 @@ def _cases():
                 cases.append(Case(point, "KILL", victim, 3, "kdrun"))
     cases += [Case("mid_ring", "STOP", "0", 2, "kdrun"),
               Case("negotiation", "STOP", "last", 3, "kdrun"),
-              Case("mid_ring", "KILL", "last", 2, "mpiexec")]
+              Case("mid_ring", "KILL", "last", 2, "mpiexec"),
+              Case("coordinator_blocked", "STOP", "last", 3, "mpiexec")]
     return cases
 
 

@@ -20,6 +20,13 @@ Points (the victim's side; survivors do the collective that needs it):
   never submits.
 - mid_ring: 1.4 x a measured 64 MiB allreduce into a loop of the same
   allreduce (a timer thread fires while a ring runs).
+- coordinator_blocked (np=3, victim last): rank 0 and the victim exchange
+  64 MiB alltoalls in a loop that leaves rank 1 out (its splits are 0),
+  so rank 1 finishes each one at once and waits in the next one's
+  negotiation while rank 0's engine is busy moving the bytes; the victim
+  freezes 1.4 x a measured alltoall into the loop. Rank 0 is then blocked
+  on the victim and sends rank 1 nothing: rank 1 must still name the
+  victim, not rank 0.
 - mid_fit: at batch 20 of `fit` (tiny Keras model, DistributedOptimizer),
   the others inside their step's gradient allreduces.
 - shutdown: the others are inside `shutdown()`; the victim dies 2 ms into
@@ -147,6 +154,27 @@ def mid_ring(victim):
         time.sleep(3600)
 
 
+def coordinator_blocked(victim):
+    import kerasdist as kd
+    kd.init()
+    import tensorflow as tf
+    assert SIZE == 3 and VICTIM == 2, "coordinator_blocked runs at np=3, victim last"
+    rows = BIG // 2 if RANK != 1 else 0  # 32 MiB to each of ranks 0 and 2
+    splits = [rows, 0, rows] if RANK != 1 else [0, 0, 0]
+    x = tf.fill([2 * rows], float(RANK))
+    start = time.monotonic()
+    out, _ = kd.alltoall(x, splits=splits, name="a2a")
+    took = time.monotonic() - start
+    if RANK != 1:
+        assert out.shape[0] == 2 * rows and float(out[0]) == 0 and float(out[-1]) == 2, out
+    if victim:
+        fault_in(1.4 * took, warm_alltoall_s=round(took, 4))
+    for _ in range(40):
+        kd.alltoall(x, splits=splits, name="a2a")
+    if victim:
+        time.sleep(3600)
+
+
 def mid_fit(victim):
     import kerasdist as kd
     kd.init()
@@ -187,7 +215,7 @@ def shutdown(victim):
 
 
 POINTS = {f.__name__: f for f in (before_init, in_init, negotiation, mid_ring,
-                                  mid_fit, shutdown)}
+                                  coordinator_blocked, mid_fit, shutdown)}
 
 
 def main():

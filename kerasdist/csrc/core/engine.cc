@@ -327,12 +327,18 @@ void Engine::RunLoop(Status* exit_status) {
       }
       const int64_t silent = NowMicros() - heard_root_us;
       if (running && (!inflight_.empty() || shutdown_sent) && silent > LivenessBoundUs()) {
+        // Rank 0 may be alive but blocked on a lost rank (its own transfer
+        // waits the same bound): the roll call tells which ranks are gone.
+        std::vector<bool> heard;
+        const std::string roll = RollCall(&heard);
+        const bool root_answered = heard[0];
         *exit_status = Status(
             StatusCode::kAborted,
             Prefix() + DescribeRank(topology_, 0) + " (the coordinator) has not answered for " +
-                std::to_string(silent / 1000000) +
-                " s while this rank waits on collectives: it has stopped or lost its "
-                "connection (bound: KERASDIST_TIMEOUT_SECONDS)");
+                std::to_string(silent / 1000000) + " s while this rank waits on collectives" +
+                (root_answered ? ", though it is alive: it is blocked on a lost rank"
+                               : ": it has stopped or lost its connection") +
+                " (bound: KERASDIST_TIMEOUT_SECONDS)" + roll);
         running = false;
       }
       if (running && shutdown_sent &&

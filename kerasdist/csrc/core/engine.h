@@ -113,7 +113,7 @@ class Engine {
   void FailAll(const Status& status);
   // engine_rollcall.cc: after a failed transfer, asks every rank who is
   // alive (bounded) and returns the text naming the lost ranks.
-  std::string RollCall();
+  std::string RollCall(std::vector<bool>* heard_out = nullptr);
   void AnswerRollCall(int64_t now_us);
   bool TakeRollReport(int64_t now_us, int* peer, int* kind);
   int64_t RollCallWindowUs() const;

@@ -58,7 +58,7 @@ void Engine::AnswerRollCall(int64_t now_us) {
   }
 }
 
-std::string Engine::RollCall() {
+std::string Engine::RollCall(std::vector<bool>* heard_out) {
   const int64_t start = NowMicros();
   if (roll_heard_us_.size() != static_cast<size_t>(size_)) roll_heard_us_.assign(size_, 0);
   const std::string report = Encode(kRollFailed);
@@ -79,6 +79,10 @@ std::string Engine::RollCall() {
     transport_->Progress();
     FinishControlSends(0);
     if (!got) SleepMicros(200);
+  }
+  if (heard_out) {
+    heard_out->assign(size_, false);
+    for (int r = 0; r < size_; ++r) (*heard_out)[r] = r != rank_ && heard(r);
   }
   std::string lost, alive;
   int n_lost = 0, n_alive = 0;
