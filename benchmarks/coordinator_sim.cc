@@ -23,6 +23,8 @@
 // Output: one JSON object per N on stdout; failures on stderr.
 //   coordinator_sim [--ranks 8,16,...] [--steps 50] [--tensors 200]
 //                   [--check-steps 5] [--fusion-bytes B] [--seed S]
+//                   [--tensor-limit B]  (KERASDIST_FUSION_TENSOR_LIMIT; the
+//                   default 0 fuses every tensor, the most planning work)
 //                   [--drop-one 1]  (a fault, to show that the checks fail:
 //                   the last rank leaves one tensor out of one step)
 #include <algorithm>
@@ -170,9 +172,11 @@ struct StepResult {
 
 class Sim {
  public:
-  Sim(int n, int t, int64_t fusion_bytes) : n_(n), model_(MakeModel(t)), seen_(0) {
+  Sim(int n, int t, int64_t fusion_bytes, int64_t tensor_limit)
+      : n_(n), model_(MakeModel(t)), seen_(0), limit_(tensor_limit) {
     CoordinatorOptions o;
     if (fusion_bytes > 0) o.fusion_threshold_bytes = fusion_bytes;
+    o.fusion_tensor_limit_bytes = tensor_limit;
     fusion_bytes_ = o.fusion_threshold_bytes;
     coord_.reset(new Coordinator(n, o));
     ids_.assign(t, -1);
@@ -312,6 +316,14 @@ class Sim {
       if (bytes > fusion_bytes_ && g.size() > 1)
         errors.push_back(what + ": fused response of " + std::to_string(bytes) +
                          " bytes exceeds the fusion threshold");
+      bool has_alone = false;
+      for (int t : g) has_alone |= Alone(t);
+      if (has_alone) {  // planned alone, and no fusion group closed by it
+        if (g.size() > 1)
+          errors.push_back(what + ": a tensor at the fusion tensor limit was fused");
+        res->groups.push_back(std::move(g));
+        continue;
+      }
       if (open_bytes >= 0 && open_bytes + model_[g[0]].bytes <= fusion_bytes_)
         errors.push_back(what + ": a response starts with a tensor that fit the previous one");
       open_bytes = bytes;
@@ -339,7 +351,10 @@ class Sim {
   std::vector<int> id_to_tensor_;
   uint64_t seen_;
   int64_t fusion_bytes_ = 0;
+  int64_t limit_ = 0;
   std::unique_ptr<Coordinator> coord_;
+
+  bool Alone(int t) const { return limit_ > 0 && model_[t].bytes >= limit_; }
 };
 
 Groups Sorted(Groups g) {
@@ -349,11 +364,15 @@ Groups Sorted(Groups g) {
 }
 
 // Greedy fusion of the tensors in index order: the plan expected in order.
-size_t ExpectedResponses(const std::vector<Tensor>& model, int64_t threshold) {
+// Tensors at the limit each travel alone and leave the open group open.
+size_t ExpectedResponses(const std::vector<Tensor>& model, int64_t threshold,
+                         int64_t limit) {
   size_t n = 0;
   int64_t open = -1;
   for (const Tensor& t : model) {
-    if (open >= 0 && open + t.bytes <= threshold) {
+    if (limit > 0 && t.bytes >= limit) {
+      ++n;
+    } else if (open >= 0 && open + t.bytes <= threshold) {
       open += t.bytes;
     } else {
       ++n;
@@ -376,7 +395,7 @@ std::vector<int> ParseList(const char* s) {
 int main(int argc, char** argv) {
   std::vector<int> ranks = {8, 16, 32, 64, 128, 256, 512, 1024};
   int steps = 50, tensors = 200, check_steps = 5;
-  int64_t fusion = 0;
+  int64_t fusion = 0, tensor_limit = 0;
   unsigned seed = 1;
   bool drop_one = false;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -386,6 +405,7 @@ int main(int argc, char** argv) {
     else if (a == "--tensors") tensors = std::atoi(argv[i + 1]);
     else if (a == "--check-steps") check_steps = std::atoi(argv[i + 1]);
     else if (a == "--fusion-bytes") fusion = std::atoll(argv[i + 1]);
+    else if (a == "--tensor-limit") tensor_limit = std::atoll(argv[i + 1]);
     else if (a == "--seed") seed = static_cast<unsigned>(std::atoi(argv[i + 1]));
     else if (a == "--drop-one") drop_one = std::atoi(argv[i + 1]) != 0;
     else {
@@ -399,13 +419,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "need at least 2 ranks and 2 tensors\n");
       return 2;
     }
-    Sim sim(n, tensors, fusion);
+    Sim sim(n, tensors, fusion, tensor_limit);
     const std::vector<Tensor> model = MakeModel(tensors);
     std::mt19937 rng(seed * 7919u + n);
     // Warm-up: names and metadata; the coordinator announces the ids.
     StepResult warm = sim.Step(MakeRounds(kScenarios[0], n, tensors, &rng), false, "warm-up");
     sim.drop_one = drop_one;
-    const size_t expected = ExpectedResponses(model, sim.fusion_bytes());
+    const size_t expected = ExpectedResponses(model, sim.fusion_bytes(), tensor_limit);
     Groups reference;
     std::string json;
     char buf[1024];

@@ -71,7 +71,7 @@ def build(core=CORE):
 
 
 def run(exe, ranks, steps=50, tensors=200, check_steps=5, fusion_bytes=0, seed=1,
-        timeout=1200, drop_one=False):
+        timeout=1200, drop_one=False, tensor_limit=0):
     """Runs the simulator. Returns (returncode, per-N results, stderr).
 
     drop_one: the fault that the checks must catch (one tensor left out).
@@ -83,6 +83,8 @@ def run(exe, ranks, steps=50, tensors=200, check_steps=5, fusion_bytes=0, seed=1
         cmd += ["--fusion-bytes", str(fusion_bytes)]
     if drop_one:
         cmd += ["--drop-one", "1"]
+    if tensor_limit:
+        cmd += ["--tensor-limit", str(tensor_limit)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return proc.returncode, rows, proc.stderr

@@ -97,6 +97,9 @@ def read_config():
         "small_allreduce_bytes": _env_number(
             "KERASDIST_SMALL_ALLREDUCE_BYTES", 32 * 1024, int, 0
         ),
+        "fusion_tensor_limit": _env_number(
+            "KERASDIST_FUSION_TENSOR_LIMIT", _MIB, int, 0
+        ),
         "timeline": os.environ.get("KERASDIST_TIMELINE", ""),
     }
 
@@ -338,6 +341,7 @@ def init(comm=None, process_sets=None):
         config["hierarchical"],
         config["cache_capacity"],
         config["small_allreduce_bytes"],
+        config["fusion_tensor_limit"],
         err,
         len(err),
     )

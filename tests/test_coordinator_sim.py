@@ -52,6 +52,34 @@ def test_small_fusion_buffer_splits_greedily(exe):
     assert rows[0]["ok"] and rows[0]["responses_per_step"] > 1, rows
 
 
+def test_tensors_at_the_fusion_tensor_limit_are_planned_alone(exe):
+    # The model's largest kernels (3x3x128x256 and 3x3x256x256 float32, 1.2
+    # and 2.4 MB) reach a 1 MiB limit: each is its own response, and the
+    # rest still fuse into one. Step() fails the run if a tensor at the limit
+    # shares a response or a fusion group is closed early.
+    rc, rows, err = sim.run(exe, [8], steps=3, check_steps=3, tensor_limit=1 << 20,
+                            timeout=300)
+    assert rc == 0, err[-4000:]
+    m = sim_model_bytes(200)
+    alone = sum(b >= 1 << 20 for b in m)
+    assert alone > 0
+    assert rows[0]["ok"] and rows[0]["responses_per_step"] == alone + 1, rows
+
+
+def sim_model_bytes(n):
+    """The tensor sizes of coordinator_sim.cc's MakeModel(n), in bytes."""
+    out, cin = [], 3
+    for i in range(n):
+        layer = i // 2
+        cout = 16 << min(4, layer * 5 // max(1, n // 2))
+        if i % 2 == 0:
+            out.append(3 * 3 * cin * cout * 4)
+        else:
+            out.append(cout * 4)
+            cin = cout
+    return out
+
+
 def test_a_missing_submission_fails_the_checks(exe):
     rc, rows, err = sim.run(exe, [8], steps=3, check_steps=1, timeout=300, drop_one=True)
     assert rc == 1, (rc, err[-4000:])

@@ -66,7 +66,9 @@ def tol(dtype, op, size):
 
 def run():
     size, r = kd.size(), kd.rank()
-    sizes = sorted({0, 1, size - 1, size + 1, 1000, 1 << 20})
+    # 1000 takes the small-buffer path; 50001 (odd, > 32 KiB in every dtype)
+    # the ring, where each rank finishes (averages) only its own chunk.
+    sizes = sorted({0, 1, size - 1, size + 1, 1000, 50001, 1 << 20})
     checked = 0
     for dtype in DTYPES:
         tfd = tf.as_dtype(dtype)
@@ -74,6 +76,8 @@ def run():
             for n in sizes:
                 if n == 1 << 20 and op != kd.Sum and dtype not in ("float32",):
                     continue  # the big size once per dtype (sum) and all ops for float32
+                if n == 50001 and op not in (kd.Sum, kd.Average):
+                    continue
                 x = tf.cast(tf.constant(rank_data(dtype, op, n, r), tf.float64), tfd)
                 y = kd.allreduce(x, op=op, name=f"{dtype}.{opname}.{n}")
                 assert y.dtype == tfd and y.shape == x.shape, (y.dtype, y.shape)
@@ -92,6 +96,23 @@ def run():
     np.testing.assert_allclose(scaled(a).numpy(), np.full(17, sum(range(1, size + 1)), np.float32))
     avg = kd.allreduce(tf.fill([5], float(r)), op=kd.Average, postscale_factor=3.0)
     np.testing.assert_allclose(avg.numpy(), np.full(5, 3.0 * (size - 1) / 2.0))
+    # The same on the ring (the owner of each chunk scales it), and a group
+    # mixing tensors at KERASDIST_FUSION_TENSOR_LIMIT (1 MiB: planned alone,
+    # reduced from input to output) with small ones that fuse around them.
+    big = kd.allreduce(tf.fill([300001], float(r)), op=kd.Average, postscale_factor=3.0)
+    np.testing.assert_array_equal(big.numpy(), np.full(300001, 3.0 * (size - 1) / 2.0, np.float32))
+    shapes = [[5], [262144], [7], [3, 100000], [1]]
+    group = [tf.constant(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) * (r + 1))
+             for s in shapes]
+    for op, scale in ((kd.Sum, sum(range(1, size + 1))), (kd.Average, sum(range(1, size + 1)) / size)):
+        out = kd.grouped_allreduce(group, op=op, name=f"mixed.{op}")
+        for s, t in zip(shapes, out):
+            want = np.arange(int(np.prod(s)), dtype=np.float64).reshape(s) * scale
+            np.testing.assert_allclose(t.numpy(), want, rtol=1e-6)
+        # Replicas are bit-identical.
+        gathered = kd.allgather(tf.concat([tf.reshape(t, [1, -1]) for t in out], 1))
+        for k in range(1, size):
+            np.testing.assert_array_equal(gathered[k].numpy(), gathered[0].numpy())
     log(f"checked {checked} allreduce cases at size {size}")
 
 

@@ -18,6 +18,8 @@
 //             so that receiving, reducing and forwarding overlap.
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 #include <vector>
 
@@ -51,11 +53,17 @@ struct RingTimes {
 // `scratch` is grown as needed and reused across calls.
 // With `src` (not null), the input is read from `src` and `buf` is only
 // written: no copy of the input into `buf` is needed first.
+// With `finish` (not null), each rank applies it to its own chunk, segment
+// by segment, as soon as that is fully reduced and before it circulates:
+// the others receive the finished values, so the result is the same as
+// finishing the whole buffer afterwards on every rank, bit for bit, at 1/N
+// of the work and while the data is still in cache (Finalize's averaging).
+using RingFinish = std::function<void(char* data, size_t elems)>;
 Status RingAllreduce(Transport* transport, void* buf, size_t count,
                      DataType dtype, ReduceOp op,
                      const CollectiveOptions& options,
                      std::vector<char>* scratch, RingTimes* times,
-                     const void* src = nullptr);
+                     const void* src = nullptr, const RingFinish* finish = nullptr);
 
 // One or both phases of RingAllreduce. After the reduce-scatter alone, rank
 // r holds the fully reduced chunk RingOwnedChunk(r, n), whose place in the
@@ -65,7 +73,7 @@ Status RingAllreducePhases(Transport* transport, void* buf, size_t count,
                            const CollectiveOptions& options,
                            std::vector<char>* scratch, RingTimes* times,
                            bool reduce_scatter, bool allgather,
-                           const void* src = nullptr);
+                           const void* src = nullptr, const RingFinish* finish = nullptr);
 int RingOwnedChunk(int rank, int size);
 void RingChunk(size_t count, int size, int chunk, size_t* offset, size_t* elems);
 

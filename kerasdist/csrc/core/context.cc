@@ -30,6 +30,7 @@ Status StartEngine(MPI_Comm comm, const EngineConfig& config, int64_t init_timeo
   wire.version = config.version;
   wire.segment_bytes = static_cast<int64_t>(config.collective.segment_bytes);
   wire.fusion_threshold = config.coordinator.fusion_threshold_bytes;
+  wire.fusion_tensor_limit = config.coordinator.fusion_tensor_limit_bytes;
   wire.cycle_time_us = config.coordinator.cycle_time_us;
   wire.hierarchical = config.hierarchical;
   wire.small_allreduce_bytes = static_cast<int64_t>(config.collective.small_allreduce_bytes);

@@ -371,8 +371,10 @@ void Coordinator::EmitReady(int64_t now_us, ResponseList* out) {
     const int64_t count = NumElements(m.shape);
     if (r.error.empty() && !IsPerRankMeta(m.type)) cached_meta_[r.id] = m;
     free_slots_.push_back(r.slot);
-    if (fuses) {
-      const int64_t bytes = count * DataTypeSize(m.dtype);
+    const int64_t bytes = count * DataTypeSize(m.dtype);
+    const bool alone = is_allreduce && options_.fusion_tensor_limit_bytes > 0 &&
+                       bytes >= options_.fusion_tensor_limit_bytes;
+    if (fuses && !alone) {
       auto g = std::find_if(open.begin(), open.end(), [&](const Open& o) {
         return o.type == m.type && o.dtype == m.dtype && o.op == m.reduce_op &&
                o.prescale == m.prescale && o.postscale == m.postscale &&

@@ -15,6 +15,10 @@ namespace kerasdist {
 
 struct CoordinatorOptions {
   int64_t fusion_threshold_bytes = 64 << 20;
+  // An allreduce of at least this many bytes is planned alone: fusing it
+  // saves no latency worth its two copies through the fusion buffer, and
+  // alone it is reduced from its input straight into its output. 0: none.
+  int64_t fusion_tensor_limit_bytes = 1 << 20;
   int64_t cycle_time_us = 1000;        // longest a ready allreduce waits to fuse
   int64_t stall_warning_us = 60 * 1000000LL;
   int64_t stall_shutdown_us = 0;       // 0: never abort on a stall

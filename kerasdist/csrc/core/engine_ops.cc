@@ -82,6 +82,12 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
   }
   const int64_t t1 = NowMicros();
   RingTimes times;
+  // The flat ring finishes (averages, postscales) each rank's own chunk
+  // before it circulates; the other paths finish the whole buffer after.
+  const bool ring = !adasum && !small && !local_;
+  const RingFinish finish = [&](char* p, size_t n) {
+    Finalize(p, n, acc, finalize_op, contributors, resp.postscale);
+  };
   Status s = adasum ? AdasumAllreduce(transport_.get(), buf, resp.counts, acc,
                                       config_.collective, &scratch_, &times)
              : small ? SmallAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
@@ -90,9 +96,10 @@ Status Engine::RunAllreduce(const Response& resp, std::vector<Request*>& reqs) {
                                             resp.reduce_op, config_.collective, &scratch_,
                                             &times)
                    : RingAllreduce(transport_.get(), buf, total, acc, resp.reduce_op,
-                                   config_.collective, &scratch_, &times, ring_src);
+                                   config_.collective, &scratch_, &times, ring_src,
+                                   &finish);
   if (!s.ok()) return s;
-  Finalize(buf, total, acc, finalize_op, contributors, resp.postscale);
+  if (!ring) Finalize(buf, total, acc, finalize_op, contributors, resp.postscale);
   const int64_t t2 = NowMicros();
   if (!single) {
     size_t off = 0;

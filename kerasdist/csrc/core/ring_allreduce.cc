@@ -32,14 +32,17 @@ Status RingAllreducePhases(Transport* transport, void* buf, size_t count,
                            DataType dtype, ReduceOp op,
                            const CollectiveOptions& options,
                            std::vector<char>* scratch, RingTimes* times,
-                           bool reduce_scatter, bool allgather, const void* src) {
+                           bool reduce_scatter, bool allgather, const void* src,
+                           const RingFinish* finish) {
   const int n = transport->size();
   const int r = transport->rank();
   if (times) times->start = NowMicros();
   if (src && src != buf && (n == 1 || !reduce_scatter))
     std::memcpy(buf, src, count * DataTypeSize(dtype));  // nothing to fold it into
   if (!reduce_scatter) src = nullptr;
+  if (!(reduce_scatter && allgather)) finish = nullptr;  // no whole result here
   if (n == 1 || count == 0) {
+    if (finish && count > 0) (*finish)(static_cast<char*>(buf), count);
     if (times) times->reduce_scatter_end = times->end = NowMicros();
     return Status::OK();
   }
@@ -65,7 +68,7 @@ Status RingAllreducePhases(Transport* transport, void* buf, size_t count,
   int64_t switch_time = 0;
   Status s = RunRingPass(transport, static_cast<char*>(buf), layout, steps,
                          dtype, op, options, scratch, &switch_time,
-                         static_cast<const char*>(src));
+                         static_cast<const char*>(src), finish);
   if (times) {
     times->reduce_scatter_end = allgather ? switch_time : NowMicros();
     times->end = NowMicros();
@@ -81,9 +84,9 @@ Status RingAllreduce(Transport* transport, void* buf, size_t count,
                      DataType dtype, ReduceOp op,
                      const CollectiveOptions& options,
                      std::vector<char>* scratch, RingTimes* times,
-                     const void* src) {
+                     const void* src, const RingFinish* finish) {
   return RingAllreducePhases(transport, buf, count, dtype, op, options, scratch,
-                             times, true, true, src);
+                             times, true, true, src, finish);
 }
 
 }  // namespace kerasdist

@@ -24,7 +24,7 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
                    const std::vector<RingStep>& steps, DataType dtype,
                    ReduceOp op, const CollectiveOptions& options,
                    std::vector<char>* scratch, int64_t* phase_switch_time,
-                   const char* src) {
+                   const char* src, const std::function<void(char*, size_t)>* finish) {
   const int n = transport->size();
   if (n == 1 || steps.empty()) return Status::OK();
   const int right = (transport->rank() + 1) % n;
@@ -118,7 +118,10 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
     } else if (!fused_reduce) {
       std::memcpy(buf + e.offset, scratch->data() + (k % window) * seg_bytes, e.bytes);
     }
-    if (static_cast<size_t>(e.step) + 1 < steps.size()) {
+    const bool last = static_cast<size_t>(e.step) + 1 == steps.size();
+    if (finish && steps[e.step].reduce && (last || !steps[e.step + 1].reduce))
+      (*finish)(buf + e.offset, e.bytes / elem);
+    if (!last) {
       sends[e.offset].push_back(
           transport->Isend(right, kTagData, buf + e.offset, e.bytes));
     }

@@ -10,8 +10,12 @@
 // computes buf = op(src, incoming). That is right when every chunk is
 // reduced at most once and `buf` holds nothing yet (a ring reduce-scatter),
 // and saves copying the whole input into `buf` first.
+//
+// With `finish`, each segment received at the last reduce step (this rank's
+// fully reduced chunk) is passed to it before it is forwarded.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "collectives.h"
@@ -34,6 +38,7 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
                    const std::vector<RingStep>& steps, DataType dtype,
                    ReduceOp op, const CollectiveOptions& options,
                    std::vector<char>* scratch, int64_t* phase_switch_time,
-                   const char* src = nullptr);
+                   const char* src = nullptr,
+                   const std::function<void(char*, size_t)>* finish = nullptr);
 
 }  // namespace kerasdist

@@ -18,6 +18,7 @@ struct Record {
   char version[32];
   int64_t segment_bytes;
   int64_t fusion_threshold;
+  int64_t fusion_tensor_limit;
   int64_t cycle_time_us;
   int64_t small_allreduce_bytes;
   int32_t hierarchical;
@@ -60,6 +61,7 @@ Status ExchangeSetup(MpiTransport* mpi, const WireSettings& mine,
   std::strncpy(rec.version, mine.version.c_str(), sizeof(rec.version) - 1);
   rec.segment_bytes = mine.segment_bytes;
   rec.fusion_threshold = mine.fusion_threshold;
+  rec.fusion_tensor_limit = mine.fusion_tensor_limit;
   rec.cycle_time_us = mine.cycle_time_us;
   rec.small_allreduce_bytes = mine.small_allreduce_bytes;
   rec.hierarchical = mine.hierarchical;
@@ -85,6 +87,8 @@ Status ExchangeSetup(MpiTransport* mpi, const WireSettings& mine,
                    [](const Record& x) { return x.segment_bytes; }, &diff);
   Compare<int64_t>(all, "KERASDIST_FUSION_THRESHOLD",
                    [](const Record& x) { return x.fusion_threshold; }, &diff);
+  Compare<int64_t>(all, "KERASDIST_FUSION_TENSOR_LIMIT",
+                   [](const Record& x) { return x.fusion_tensor_limit; }, &diff);
   Compare<int64_t>(all, "KERASDIST_CYCLE_TIME (in microseconds)",
                    [](const Record& x) { return x.cycle_time_us; }, &diff);
   Compare<int64_t>(all, "KERASDIST_SMALL_ALLREDUCE_BYTES",

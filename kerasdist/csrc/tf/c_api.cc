@@ -36,12 +36,14 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
                    long long init_timeout_ms, long long segment_bytes,
                    int shared_memory, const char* timeline_path,
                    const char* version, long long deadlock_us, int hierarchical,
-                   long long cache_capacity, long long small_allreduce_bytes, char* err,
+                   long long cache_capacity, long long small_allreduce_bytes,
+                   long long fusion_tensor_limit, char* err,
                    int err_len) {
   std::lock_guard<std::mutex> lock(kerasdist::g_mu);
   if (*kerasdist::g_context) return 0;  // init() twice is harmless
   EngineConfig config;
   config.coordinator.fusion_threshold_bytes = fusion_threshold;
+  config.coordinator.fusion_tensor_limit_bytes = fusion_tensor_limit;
   config.coordinator.cycle_time_us = cycle_time_us;
   config.coordinator.stall_warning_us = stall_warning_us;
   config.coordinator.stall_shutdown_us = stall_shutdown_us;
