@@ -18,9 +18,8 @@
 //             so that receiving, reducing and forwarding overlap.
 #pragma once
 
-#include <functional>
-
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "common.h"

@@ -24,7 +24,7 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
                    const std::vector<RingStep>& steps, DataType dtype,
                    ReduceOp op, const CollectiveOptions& options,
                    std::vector<char>* scratch, int64_t* phase_switch_time,
-                   const char* src, const std::function<void(char*, size_t)>* finish) {
+                   const char* src, const RingFinish* finish) {
   const int n = transport->size();
   if (n == 1 || steps.empty()) return Status::OK();
   const int right = (transport->rank() + 1) % n;

@@ -15,7 +15,6 @@
 // fully reduced chunk) is passed to it before it is forwarded.
 #pragma once
 
-#include <functional>
 #include <vector>
 
 #include "collectives.h"
@@ -39,6 +38,6 @@ Status RunRingPass(Transport* transport, char* buf, const RingLayout& layout,
                    ReduceOp op, const CollectiveOptions& options,
                    std::vector<char>* scratch, int64_t* phase_switch_time,
                    const char* src = nullptr,
-                   const std::function<void(char*, size_t)>* finish = nullptr);
+                   const RingFinish* finish = nullptr);
 
 }  // namespace kerasdist
