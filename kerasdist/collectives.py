@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from kerasdist import _first_update, ops
 from kerasdist.compression import Compression
-from kerasdist.ops import Average, Sum, _OP_NAMES, _check_dtype, _grad_name, _tensor_name
+from kerasdist.ops import Average, Sum, _OP_NAMES, _as_tensor, _check_dtype, _grad_name, _tensor_name
 from kerasdist import process_sets as _sets
 from kerasdist.runtime import check_initialized, context
 
@@ -29,8 +29,7 @@ def _check_scatter_op(op):
 
 
 def _tensor_of_rank1(tensor, what):
-    tensor = tf.convert_to_tensor(tensor)
-    _check_dtype(tensor, what)
+    tensor = _as_tensor(tensor, what)
     if tensor.shape.rank == 0:
         raise ValueError(
             f"`{what}` requires tensors with at least one dimension. "

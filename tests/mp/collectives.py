@@ -157,11 +157,33 @@ def check_horovod_positional_average(size, r):
     np.testing.assert_allclose(total, np.full(3, size * (size + 1) / 2))
 
 
+def check_inputs_that_are_not_tensors(size, r):
+    # Tensors skip tf.convert_to_tensor; everything else is still converted.
+    total = sum(range(size))
+    var = tf.Variable([float(r), 1.0])
+    for label, value in (("list", [float(r), 1.0]), ("numpy", np.array([r, 1], np.int32)),
+                         ("variable", var), ("tensor", tf.constant([float(r), 1.0]))):
+        y = kd.allreduce(value, op=kd.Sum, name=f"input.{label}")
+        np.testing.assert_array_equal(y.numpy(), [total, size])
+        g = kd.allgather(value, name=f"input.ag.{label}")
+        np.testing.assert_array_equal(g.numpy()[::2], range(size))
+        b = kd.broadcast(value, root_rank=size - 1, name=f"input.bc.{label}")
+        np.testing.assert_array_equal(b.numpy(), [size - 1, 1])
+    outs = kd.grouped_allreduce([[1.0], var], op=kd.Sum, name="input.group")
+    np.testing.assert_array_equal(outs[1].numpy(), [total, size])
+    try:
+        kd.allreduce(["a", "b"], name="input.strings")
+    except TypeError as e:
+        assert "Unsupported dtype" in str(e), e
+    else:
+        raise AssertionError("a string list was accepted")
+
+
 def run():
     size, r = kd.size(), kd.rank()
     for check in (check_broadcast, check_allgather, check_opposite_order, check_fusion,
                   check_objects, check_gradients, check_sparse,
-                  check_horovod_positional_average):
+                  check_horovod_positional_average, check_inputs_that_are_not_tensors):
         check(size, r)
         log(check.__name__, "passed")
 
