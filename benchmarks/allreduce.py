@@ -206,6 +206,7 @@ def bench_grouped(bench, comm, kd, tf):
         tf.split(t, count), op=kd.Sum, name="bench.g100fn"), 0))
     fn_frame = tf.function(lambda t: tf.concat(tf.split(t, count), 0))
     fn_single = tf.function(lambda t: kd.allreduce(t, op=kd.Sum, name="bench.g1fn"))
+    fn_call = tf.function(tf.identity)  # the call alone, the single's framework share
     bsend, brecv = np.ones(count * n, np.float32), np.zeros(count * n, np.float32)
     pairs = list(zip(np.split(bsend, count), np.split(brecv, count)))  # contiguous views
     local, exact = rank_data(count * n, comm)
@@ -218,6 +219,7 @@ def bench_grouped(bench, comm, kd, tf):
     bench.add(f"kd tf.function {many}", repeat(lambda: fn_grouped(big)))
     bench.add(f"kd tf.function {one}", repeat(lambda: fn_single(big)))
     bench.add(f"tf.function split+concat only", repeat(lambda: fn_frame(big)))
+    bench.add(f"tf.function identity only", repeat(lambda: fn_call(big)))
     bench.add(f"kd eager grouped {many}", repeat(
         lambda: kd.grouped_allreduce(small, op=kd.Sum, name="bench.g100e")))
     bench.add(f"kd eager {one}", repeat(lambda: kd.allreduce(big, op=kd.Sum, name="bench.g1e")))
@@ -269,6 +271,25 @@ def print_report(rows, grouped, size):
     print("\nOne step of 100 tensors of 4 KiB vs one tensor of 400 KiB (time per step):")
     for name, t in grouped.items():
         print(f"  {name:<34} {fmt_time(t)}")
+    net = collective_shares(grouped)
+    print(f"  kerasdist's share (step minus the same function without the collective):\n"
+          f"    100x4 KiB {fmt_time(net['many_s']).strip()}, 1x400 KiB "
+          f"{fmt_time(net['one_s']).strip()}, ratio {net['ratio']:.2f}")
+
+
+def collective_shares(grouped):
+    """The collectives' share of the `tf.function` steps and their ratio.
+
+    The 100-tensor step minus the same split and concat without the
+    allreduce, and the single-tensor step minus a call of `tf.identity`:
+    what remains is the time the collectives add to a step.
+    """
+    g = grouped
+    many = (g[f"kd tf.function {GROUP_COUNT}x{fmt_size(GROUP_BYTES)}"]
+            - g["tf.function split+concat only"])
+    one = (g[f"kd tf.function 1x{fmt_size(GROUP_COUNT * GROUP_BYTES)}"]
+           - g["tf.function identity only"])
+    return {"many_s": many, "one_s": one, "ratio": many / one if one > 0 else math.inf}
 
 
 def main(argv=None):
@@ -315,7 +336,8 @@ def main(argv=None):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump({"machine": info, "args": vars(args), "elapsed_s": elapsed,
-                       "sizes": rows, "grouped_step_s": grouped}, f, indent=2)
+                       "sizes": rows, "grouped_step_s": grouped,
+                       "grouped_collective_share": collective_shares(grouped)}, f, indent=2)
         print(f"Wrote {path}")
     kd.shutdown()
     return status
