@@ -100,6 +100,7 @@ def read_config():
         "fusion_tensor_limit": _env_number(
             "KERASDIST_FUSION_TENSOR_LIMIT", _MIB, int, 0
         ),
+        "spin_us": _env_number("KERASDIST_SPIN_MICROSECONDS", 30, int, 0),
         "timeline": os.environ.get("KERASDIST_TIMELINE", ""),
     }
 
@@ -342,6 +343,7 @@ def init(comm=None, process_sets=None):
         config["cache_capacity"],
         config["small_allreduce_bytes"],
         config["fusion_tensor_limit"],
+        config["spin_us"],
         err,
         len(err),
     )

@@ -50,6 +50,14 @@ def test_frozen_peer_mid_allreduce_is_a_bounded_error_naming_it(shm):
     assert float(re.search(r"after ([0-9.]+) s", line).group(1)) < 60, line
 
 
+@pytest.mark.parametrize("np_, spin", [(2, "0"), (2, "30"), (3, "200000")])
+def test_ops_finished_on_the_kernels_thread_are_exact(np_, spin):
+    # 200000: the kernel's wait outlasts every op but the late peer's.
+    out = run_mpi("inline_wait.py", np_, timeout=240,
+                  env={"KERASDIST_SPIN_MICROSECONDS": spin}).stdout
+    assert out.count("inline wait checks passed") == np_, out[-3000:]
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_broadcast_allgather_order_fusion_objects_gradients(np_):
     run_mpi("collectives.py", np_, timeout=240)

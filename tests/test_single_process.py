@@ -133,7 +133,8 @@ def test_non_finite_and_negative_settings_are_rejected():
         "                  ('KERASDIST_TIMEOUT_SECONDS', 'inf'),\n"
         "                  ('KERASDIST_DEADLOCK_TIME_SECONDS', '-1'),\n"
         "                  ('KERASDIST_SEGMENT_BYTES', '0'),\n"
-        "                  ('KERASDIST_FUSION_THRESHOLD', '1.5')]:\n"
+        "                  ('KERASDIST_FUSION_THRESHOLD', '1.5'),\n"
+        "                  ('KERASDIST_SPIN_MICROSECONDS', '-1')]:\n"
         "    os.environ[name] = raw\n"
         "    try:\n        runtime.read_config()\n        print('ACCEPTED', name, raw)\n"
         "    except ValueError as e:\n        print('ERR', e)\n"
@@ -142,7 +143,7 @@ def test_non_finite_and_negative_settings_are_rejected():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=120).stdout
     assert "ACCEPTED" not in out, out
-    assert out.count("ERR Invalid value for environment variable") == 5, out
+    assert out.count("ERR Invalid value for environment variable") == 6, out
     assert "KERASDIST_TIMEOUT_SECONDS='nan'" in out, out
 
 

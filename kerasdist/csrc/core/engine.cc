@@ -72,6 +72,7 @@ void Engine::EnqueueMany(Request* requests, size_t n) {
         requests[i].enqueue_us = now;
         queue_.push_back(std::move(requests[i]));
       }
+      open_.fetch_add(static_cast<int>(n), std::memory_order_relaxed);
       cv_.notify_one();
       return;
     }
@@ -117,7 +118,7 @@ void Engine::TakeNewRequests(RequestList* mine, bool* progressed) {
   for (Request& r : fresh) {
     *progressed = true;
     if (inflight_.count(r.name)) {
-      r.done(Status(StatusCode::kInvalidArgument,
+      Finish(r, Status(StatusCode::kInvalidArgument,
                     Prefix() + "a collective named '" + r.name +
                         "' is already in flight on this rank. Names of "
                         "concurrent collectives must be unique."));
@@ -368,6 +369,10 @@ void Engine::RunLoop(Status* exit_status) {
         backoff_us = std::min<int64_t>(100, backoff_us ? backoff_us * 2 : 2);
         SleepMicros(backoff_us);
       }
+    } else if (NowMicros() - idle_since < config_.spin_us) {
+      // Just finished: the next request (the next gradient, the next step's
+      // first) often follows at once, and a poll beats a wake-up.
+      std::this_thread::yield();
     } else {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(5),
@@ -384,9 +389,9 @@ void Engine::FailAll(const Status& status) {
     final_status_ = status;
     stopped_ = true;
   }
-  for (auto& kv : inflight_) kv.second.done(status);
+  for (auto& kv : inflight_) Finish(kv.second, status);
   inflight_.clear();
-  for (auto& r : rest) r.done(status);
+  for (auto& r : rest) Finish(r, status);
   std::lock_guard<std::mutex> lock(mu_);
   cv_.notify_all();
 }
@@ -418,7 +423,7 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
       auto it = inflight_.find(kJoinName);
       if (it != inflight_.end()) {
         if (it->second.join_result) *it->second.join_result = resp.root;
-        it->second.done(Status::OK());
+        Finish(it->second, Status::OK());
         inflight_.erase(it);
       }
       joined_ = false;
@@ -470,7 +475,7 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
       }
       if (s.ok() && !IsPerRankMeta(r->meta.type) && !IsTransientName(r->name))
         cache_[r->name] = {resp.ids[i], r->meta};
-      r->done(s);
+      Finish(*r, s);
       inflight_.erase(r->name);
     }
   }

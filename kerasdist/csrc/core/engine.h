@@ -41,6 +41,10 @@ struct EngineConfig {
   // hierarchical where the topology allows it.
   int hierarchical = -1;
   std::string label;  // prefixes this engine's messages (a process set's)
+  // How long the engine thread polls for new requests after its last
+  // activity before it sleeps, and how long a kernel waits for its small
+  // collective to finish on its own thread (0: neither spins).
+  int64_t spin_us = 30;
 };
 
 // Allocates the output once its shape is known (allgather), on the engine
@@ -89,6 +93,9 @@ class Engine {
   // snapshot for tests and diagnostics).
   size_t cache_entries() const { return cache_entries_.load(); }
   int size() const { return size_; }
+  // Requests enqueued and not yet completed (any thread; a hint).
+  int open() const { return open_.load(std::memory_order_relaxed); }
+  int64_t spin_us() const { return config_.spin_us; }
 
  private:
   void Loop();
@@ -151,6 +158,11 @@ class Engine {
   int64_t last_roll_probe_us_ = 0;
   uint64_t lists_run_ = 0;  // response lists with content executed
   std::atomic<size_t> cache_entries_{0};
+  std::atomic<int> open_{0};
+  void Finish(Request& r, const Status& s) {
+    open_.fetch_sub(1, std::memory_order_relaxed);
+    r.done(s);
+  }
 };
 
 }  // namespace kerasdist

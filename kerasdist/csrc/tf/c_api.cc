@@ -37,7 +37,7 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
                    int shared_memory, const char* timeline_path,
                    const char* version, long long deadlock_us, int hierarchical,
                    long long cache_capacity, long long small_allreduce_bytes,
-                   long long fusion_tensor_limit, char* err,
+                   long long fusion_tensor_limit, long long spin_us, char* err,
                    int err_len) {
   std::lock_guard<std::mutex> lock(kerasdist::g_mu);
   if (*kerasdist::g_context) return 0;  // init() twice is harmless
@@ -56,6 +56,7 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
   config.hierarchical = hierarchical;
   config.coordinator.cache_capacity = cache_capacity;
   config.collective.small_allreduce_bytes = static_cast<size_t>(small_allreduce_bytes);
+  config.spin_us = spin_us;
   std::unique_ptr<Context> ctx;
   kerasdist::Status s =
       Context::Create(MPI_Comm_f2c(fortran_comm), config, init_timeout_ms, &ctx);

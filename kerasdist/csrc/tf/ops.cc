@@ -2,6 +2,7 @@
 // AsyncOpKernel that hands a Request to the engine and returns; the engine
 // thread calls done() once the collective has run on every rank.
 #include <atomic>
+#include <thread>
 
 #include "binding.h"
 #include "convert.h"
@@ -94,6 +95,45 @@ class CollectiveKernel : public AsyncOpKernel {
     return true;
   }
 
+  // Finishing on the kernel's own thread. When the engine has nothing else
+  // to do, the kernel waits for its collective, polling for at most
+  // KERASDIST_SPIN_MICROSECONDS, and calls done() itself: TensorFlow then
+  // runs the next op on this thread instead of waking another for it.
+  // Otherwise, or once the wait runs out or other requests arrive, the
+  // engine's thread calls done() as usual.
+  //
+  // Use: `auto wait = Handoff(engine)`, give the requests `Finisher(wait,
+  // done)` in place of `done`, enqueue them, then `WaitInline(...)`.
+  // State: 0 running; 1 finished, the kernel calls done(); 2 the kernel
+  // stopped waiting, the finisher calls done().
+  using Wait = std::shared_ptr<std::atomic<int>>;
+  static Wait Handoff(const Engine& engine) {
+    if (engine.spin_us() <= 0 || engine.open() > 0) return nullptr;
+    return std::make_shared<std::atomic<int>>(0);
+  }
+  static DoneCallback Finisher(const Wait& wait, const DoneCallback& done) {
+    if (!wait) return done;
+    return [wait, done] {
+      int running = 0;
+      if (!wait->compare_exchange_strong(running, 1, std::memory_order_acq_rel)) done();
+    };
+  }
+  // `own`: the number of requests this kernel enqueued.
+  static void WaitInline(const Engine& engine, const Wait& wait, int own,
+                         const DoneCallback& done) {
+    if (!wait) return;
+    const int64_t until = NowMicros() + engine.spin_us();
+    while (wait->load(std::memory_order_acquire) == 0) {
+      if (engine.open() > own || NowMicros() >= until) {
+        int running = 0;
+        if (wait->compare_exchange_strong(running, 2, std::memory_order_acq_rel)) return;
+        break;
+      }
+      std::this_thread::yield();
+    }
+    done();
+  }
+
   std::string tensor_name_;
   int process_set_id_;
 };
@@ -141,9 +181,11 @@ class AllreduceOp : public ReduceKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto live = Live(ctx);
     if (!live) return done();
-    Request r = NewRequest(ctx, done, OpType::kAllreduce);
+    const Wait wait = Handoff(*live);
+    Request r = NewRequest(ctx, Finisher(wait, done), OpType::kAllreduce);
     if (!BindInput(ctx, 0, &r)) return done();
     live->Enqueue(std::move(r));
+    WaitInline(*live, wait, 1, done);
   }
 };
 
@@ -164,18 +206,21 @@ class GroupedAllreduceOp : public ReduceKernel {
     // if the engine has stopped), so the counter only needs to be atomic for
     // the hand-off back to TensorFlow.
     auto remaining = std::make_shared<std::atomic<int>>(n);
+    const Wait wait = Handoff(*live);
+    const DoneCallback finish = Finisher(wait, done);
     for (int i = 0; i < n; ++i) {
       Request r;
       r.name = base + "." + std::to_string(i);
       r.meta.type = OpType::kAllreduce;
       if (!BindInput(ctx, i, &r)) return done();
-      r.done = [ctx, done, remaining](const Status& s) {
+      r.done = [ctx, finish, remaining](const Status& s) {
         if (!s.ok()) ctx->SetStatus(ToTfStatus(s));
-        if (remaining->fetch_sub(1) == 1) done();
+        if (remaining->fetch_sub(1) == 1) finish();
       };
       reqs.push_back(std::move(r));
     }
     live->EnqueueBatch(std::move(reqs));
+    WaitInline(*live, wait, n, done);
   }
 };
 
@@ -215,7 +260,8 @@ class BroadcastOp : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto live = Live(ctx);
     if (!live) return done();
-    Request r = NewRequest(ctx, done, OpType::kBroadcast);
+    const Wait wait = Handoff(*live);
+    Request r = NewRequest(ctx, Finisher(wait, done), OpType::kBroadcast);
     if (!InputMeta(ctx, &r.meta)) return done();
     r.meta.root = root_;
     const Tensor& in = ctx->input(0);
@@ -225,6 +271,7 @@ class BroadcastOp : public CollectiveKernel {
     r.input = in.tensor_data().data();
     r.output = const_cast<char*>(out->tensor_data().data());
     live->Enqueue(std::move(r));
+    WaitInline(*live, wait, 1, done);
   }
 
  private:
