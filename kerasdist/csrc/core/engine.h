@@ -42,7 +42,7 @@ struct EngineConfig {
   int hierarchical = -1;
   std::string label;  // prefixes this engine's messages (a process set's)
   // How long the engine thread polls for new requests after its last
-  // activity before it sleeps, and how long a kernel waits for its small
+  // activity before it sleeps, and how long a kernel waits for its
   // collective to finish on its own thread (0: neither spins).
   int64_t spin_us = 30;
 };

@@ -1,6 +1,7 @@
 // TensorFlow custom ops for the kerasdist collectives. Each kernel is an
-// AsyncOpKernel that hands a Request to the engine and returns; the engine
-// thread calls done() once the collective has run on every rank.
+// AsyncOpKernel that hands a Request to the engine; done() runs once the
+// collective has run on every rank, on the engine thread or, after a short
+// wait (WaitInline), on the kernel's own thread.
 #include <atomic>
 #include <thread>
 
