@@ -40,6 +40,30 @@ def run():
     np.testing.assert_array_equal(bcast(tf.zeros([7]), tf.constant(50)).numpy(),
                                   np.full(7, 50.0 * size, np.float32))
 
+    # Chained allgather with a different number of rows on every rank (the
+    # engine allocates the output, the kernel may finish the op), and a
+    # barrier after every step.
+    rows = [rr + 1 for rr in range(size)]
+    offsets = np.cumsum([0] + rows)
+
+    @tf.function
+    def gather(x, k):
+        def body(i, y):
+            g = kd.allgather(y + float(r), name="iw.ag")
+            kd.barrier(name="iw.barrier")  # stateful: kept by automatic control dependencies
+            return i + 1, tf.ensure_shape(g[offsets[r]:offsets[r + 1]], y.shape)
+        return tf.while_loop(lambda i, y: i < k, body, (tf.constant(0), x))[1]
+
+    for cols in (1, 1024):
+        y = gather(tf.zeros([rows[r], cols]), tf.constant(100))
+        np.testing.assert_array_equal(y.numpy(), np.full([rows[r], cols], 100.0 * r, np.float32))
+    for delay in (0.0, 0.05):  # the wait runs out on the ranks that are early
+        if r == 0:
+            time.sleep(delay)
+        g = kd.allgather(tf.fill([rows[r], 2], float(r)), name="iw.ag.late")
+        want = np.concatenate([np.full([rows[rr], 2], float(rr), np.float32) for rr in range(size)])
+        np.testing.assert_array_equal(g.numpy(), want)
+
     # Grouped in a tf.function and eagerly: many requests from one kernel.
     @tf.function
     def grouped(ts):
@@ -81,6 +105,12 @@ def run():
     except tf.errors.FailedPreconditionError as e:
         assert "Mismatched allreduce" in str(e), str(e)
     assert time.time() - start < 10
+    try:
+        kd.allgather(tf.ones([2, 3 + r]), name="iw.ag.mismatch")
+        raise AssertionError("expected a FailedPreconditionError")
+    except tf.errors.FailedPreconditionError as e:
+        assert "allgather" in str(e), str(e)
+    assert time.time() - start < 20
     out = kd.allreduce(tf.fill([2], 1.0), op=kd.Sum, name="iw.after")
     np.testing.assert_array_equal(out.numpy(), np.full(2, float(size), np.float32))
     log(f"inline wait checks passed (spin {spin} us)")

@@ -1,12 +1,18 @@
-// The engine's collectives: how each agreed response runs on this rank's
-// buffers (fusion, accumulation type, joined ranks) over the algorithms in
-// collectives.h.
+// The engine's collectives: how each agreed response list is executed
+// (Execute), and how each response runs on this rank's buffers (fusion,
+// accumulation type, joined ranks) over the algorithms in collectives.h.
 #include <cstring>
 
 #include "engine.h"
 #include "reduce.h"
 
 namespace kerasdist {
+
+namespace {
+
+const char kJoinName[] = "__kerasdist_join__";  // the name ops.cc gives join()
+
+}  // namespace
 
 std::string JoinNames(const std::vector<Request*>& reqs) {
   std::string s;
@@ -17,6 +23,110 @@ std::string JoinNames(const std::vector<Request*>& reqs) {
     s += r->name;
   }
   return s;
+}
+
+bool Engine::ResponseFits(const Response& resp) const {
+  for (int32_t id : resp.ids)
+    if (static_cast<size_t>(id) >= id_names_.size() || id_names_[id].empty()) return false;
+  if (!resp.error.empty()) return true;  // nothing runs, the requests fail
+  if (resp.type == OpType::kAllgather)
+    return resp.rank_dim0.size() == static_cast<size_t>(size_) && resp.ids.size() == 1;
+  if (resp.type == OpType::kBroadcast)
+    return resp.ids.size() == 1 && resp.root >= 0 && resp.root < size_;
+  if (resp.type == OpType::kReducescatter) return resp.splits.size() == resp.ids.size();
+  if (resp.type == OpType::kAlltoall)
+    return resp.ids.size() == 1 && resp.splits.size() == static_cast<size_t>(size_) * size_;
+  return true;
+}
+
+bool Engine::Execute(const ResponseList& list, Status* exit_status) {
+  if (!list.empty()) ++lists_run_;
+  for (const auto& p : list.new_ids) {
+    if (static_cast<size_t>(p.first) >= id_names_.size()) id_names_.resize(p.first + 1);
+    id_names_[p.first] = p.second;
+  }
+  for (const Response& resp : list.responses) {
+    const int64_t start = NowMicros();
+    std::vector<Request*> reqs;
+    if (resp.type == OpType::kJoin) {
+      auto it = inflight_.find(kJoinName);
+      if (it != inflight_.end()) {
+        if (it->second.join_result) *it->second.join_result = resp.root;
+        Finish(it->second, Status::OK());
+        inflight_.erase(it);
+      }
+      joined_ = false;
+      continue;
+    }
+    if (!ResponseFits(resp)) {
+      *exit_status = Status(StatusCode::kAborted,
+                            Prefix() + "corrupt response from rank 0 (unknown tensor id or "
+                                       "wrong per-rank sizes); stopping");
+      return false;
+    }
+    for (int32_t id : resp.ids) {
+      auto it = inflight_.find(id_names_[id]);
+      reqs.push_back(it == inflight_.end() ? nullptr : &it->second);
+      if (!reqs.back() && !joined_) {
+        *exit_status = Status(StatusCode::kInternal,
+                              Prefix() + "internal error: response for unknown tensor '" +
+                                  id_names_[id] + "'");
+        return false;
+      }
+      if (reqs.back() && timeline_.enabled())
+        timeline_.Event(it->second.name, kRowNegotiation, it->second.enqueue_us,
+                        start, OpTypeName(resp.type), "op");
+    }
+    Status s;
+    if (!resp.error.empty()) {
+      s = Status(StatusCode::kMismatch, Prefix() + resp.error);
+    } else {
+      s = RunResponse(resp, reqs);
+      if (!s.ok()) {
+        // A failed transfer leaves the ranks out of step: stop the engine.
+        // The peer it names may be healthy and waiting further round the
+        // ring: the roll call finds the ranks that are really lost.
+        *exit_status = Status(s.code() == StatusCode::kTimeout ? StatusCode::kTimeout
+                                                               : StatusCode::kAborted,
+                              Prefix() + s.message() + " in " + OpTypeName(resp.type) +
+                                  " '" + JoinNames(reqs) + "'" + RollCall());
+        return false;
+      }
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Request* r = reqs[i];
+      if (!r) {
+        // Joined: rank 0 may now cache a description under this id that this
+        // rank never saw; drop ours, so its next use sends the description.
+        auto it = cache_.find(id_names_[resp.ids[i]]);
+        if (it != cache_.end() && it->second.first == resp.ids[i]) cache_.erase(it);
+        continue;
+      }
+      if (s.ok() && !IsPerRankMeta(r->meta.type) && !IsTransientName(r->name))
+        cache_[r->name] = {resp.ids[i], r->meta};
+      Finish(*r, s);
+      inflight_.erase(r->name);
+    }
+  }
+  for (int32_t id : list.evicted) {
+    if (static_cast<size_t>(id) >= id_names_.size()) continue;
+    auto it = cache_.find(id_names_[id]);
+    if (it != cache_.end() && it->second.first == id) cache_.erase(it);
+    id_names_[id].clear();
+  }
+  cache_entries_.store(cache_.size());
+  if (list.abort) {
+    std::fprintf(stderr, "[kerasdist] ERROR: %s%s\n", Prefix().c_str(), list.message.c_str());
+    *exit_status = Status(StatusCode::kAborted, Prefix() + list.message);
+    return false;
+  }
+  if (list.shutdown) {
+    *exit_status = Status(StatusCode::kShutdown,
+                          Prefix() + "kerasdist has been shut down (" + list.message +
+                              "); call kerasdist.init() again to run collectives");
+    return false;
+  }
+  return true;
 }
 
 Status Engine::RunResponse(const Response& resp, std::vector<Request*>& reqs) {

@@ -237,7 +237,8 @@ class AllgatherOp : public CollectiveKernel {
                           "allgather requires a tensor with at least one "
                           "dimension. Received a scalar; reshape it to [1]."),
                       done);
-    Request r = NewRequest(ctx, done, OpType::kAllgather);
+    const Wait wait = Handoff(*live);
+    Request r = NewRequest(ctx, Finisher(wait, done), OpType::kAllgather);
     if (!InputMeta(ctx, &r.meta)) return done();
     r.input = in.tensor_data().data();
     r.allocate = [ctx](const std::vector<int64_t>& shape, void** data) {
@@ -250,6 +251,7 @@ class AllgatherOp : public CollectiveKernel {
       return Status::OK();
     };
     live->Enqueue(std::move(r));
+    WaitInline(*live, wait, 1, done);
   }
 };
 
@@ -286,8 +288,10 @@ class BarrierOp : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto live = Live(ctx);
     if (!live) return done();
-    Request r = NewRequest(ctx, done, OpType::kBarrier);
+    const Wait wait = Handoff(*live);
+    Request r = NewRequest(ctx, Finisher(wait, done), OpType::kBarrier);
     live->Enqueue(std::move(r));
+    WaitInline(*live, wait, 1, done);
   }
 };
 
