@@ -64,6 +64,37 @@ def run():
         want = np.concatenate([np.full([rows[rr], 2], float(rr), np.float32) for rr in range(size)])
         np.testing.assert_array_equal(g.numpy(), want)
 
+    # Chained reducescatter, alltoall and grouped allgather (parity ops).
+    @tf.function
+    def parity(x, k):
+        def body(i, y):
+            full = tf.tile(y, [size, 1])                           # [size * 3, 4]
+            part = kd.reducescatter(full + float(r), op=kd.Sum, name="iw.rs")  # [3, 4]
+            moved = kd.alltoall(full, name="iw.a2a")                 # rank p's rows [r]
+            ga, = kd.grouped_allgather([part[:1]], name="iw.gag")    # [size, 4]
+            out = part - float(size * (size - 1) / 2) + 0.0 * tf.reduce_sum(moved) \
+                + 0.0 * tf.reduce_sum(ga)
+            return i + 1, tf.ensure_shape(out, [3, 4])
+        return tf.while_loop(lambda i, y: i < k, body, (tf.constant(0), x))[1]
+
+    y0 = tf.reshape(tf.range(12, dtype=tf.float32), [3, 4])
+    y = parity(y0, tf.constant(10))  # exact in float32: 11 * 3 ** 10 < 2 ** 24
+    np.testing.assert_array_equal(y.numpy(), y0.numpy() * size ** 10)
+
+    @tf.function
+    def parity_once(x):
+        return (kd.alltoall(x, name="iw.a2a.check"),
+                kd.grouped_allgather([x[:1], x[:2]], name="iw.gag.check"),
+                kd.reducescatter(x, op=kd.Sum, name="iw.rs.check"))
+
+    for _ in range(30):
+        moved, (g1, g2), rs = parity_once(tf.fill([size, 2], float(r)))
+        ranks = np.arange(size, dtype=np.float32)
+        np.testing.assert_array_equal(moved.numpy(), np.repeat(ranks, 2).reshape(size, 2))
+        np.testing.assert_array_equal(g1.numpy(), np.repeat(ranks, 2).reshape(size, 2))
+        np.testing.assert_array_equal(g2.numpy(), np.repeat(ranks, 4).reshape(2 * size, 2))
+        np.testing.assert_array_equal(rs.numpy(), np.full([1, 2], ranks.sum(), np.float32))
+
     # Grouped in a tf.function and eagerly: many requests from one kernel.
     @tf.function
     def grouped(ts):

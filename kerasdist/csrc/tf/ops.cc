@@ -1,12 +1,13 @@
 // TensorFlow custom ops for the kerasdist collectives. Each kernel is an
 // AsyncOpKernel that hands a Request to the engine; done() runs once the
 // collective has run on every rank, on the engine thread or, after a short
-// wait (WaitInline), on the kernel's own thread.
+// wait (inline_wait.h), on the kernel's own thread.
 #include <atomic>
 #include <thread>
 
 #include "binding.h"
 #include "convert.h"
+#include "inline_wait.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -96,44 +97,7 @@ class CollectiveKernel : public AsyncOpKernel {
     return true;
   }
 
-  // Finishing on the kernel's own thread. When the engine has nothing else
-  // to do, the kernel waits for its collective, polling for at most
-  // KERASDIST_SPIN_MICROSECONDS, and calls done() itself: TensorFlow then
-  // runs the next op on this thread instead of waking another for it.
-  // Otherwise, or once the wait runs out or other requests arrive, the
-  // engine's thread calls done() as usual.
-  //
-  // Use: `auto wait = Handoff(engine)`, give the requests `Finisher(wait,
-  // done)` in place of `done`, enqueue them, then `WaitInline(...)`.
-  // State: 0 running; 1 finished, the kernel calls done(); 2 the kernel
-  // stopped waiting, the finisher calls done().
-  using Wait = std::shared_ptr<std::atomic<int>>;
-  static Wait Handoff(const Engine& engine) {
-    if (engine.spin_us() <= 0 || engine.open() > 0) return nullptr;
-    return std::make_shared<std::atomic<int>>(0);
-  }
-  static DoneCallback Finisher(const Wait& wait, const DoneCallback& done) {
-    if (!wait) return done;
-    return [wait, done] {
-      int running = 0;
-      if (!wait->compare_exchange_strong(running, 1, std::memory_order_acq_rel)) done();
-    };
-  }
-  // `own`: the number of requests this kernel enqueued.
-  static void WaitInline(const Engine& engine, const Wait& wait, int own,
-                         const DoneCallback& done) {
-    if (!wait) return;
-    const int64_t until = NowMicros() + engine.spin_us();
-    while (wait->load(std::memory_order_acquire) == 0) {
-      if (engine.open() > own || NowMicros() >= until) {
-        int running = 0;
-        if (wait->compare_exchange_strong(running, 2, std::memory_order_acq_rel)) return;
-        break;
-      }
-      std::this_thread::yield();
-    }
-    done();
-  }
+  using Wait = InlineWait;
 
   std::string tensor_name_;
   int process_set_id_;

@@ -1,8 +1,9 @@
 // TensorFlow ops for the collectives that complete Horovod's API:
 // reducescatter (single and grouped), alltoall, grouped allgather and the
 // in-place broadcast of resource variables. Same shape as ops.cc: each
-// kernel hands its requests to the engine and returns; the engine thread
-// calls done() once the collective has run on every rank. A kernel with
+// kernel hands its requests to the engine; done() runs once the collective
+// has run on every rank, on the engine's thread or, after a short wait
+// (inline_wait.h), on the kernel's own. A kernel with
 // several tensors enqueues them in one batch, so that the engine sees (and
 // fuses) them together, and names tensor i "<name>.<i>".
 #include <atomic>
@@ -10,6 +11,7 @@
 
 #include "binding.h"
 #include "convert.h"
+#include "inline_wait.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -93,7 +95,8 @@ class ReducescatterOp : public BatchKernel {
     auto live = Live(ctx);
     if (!live) return done();
     const int n = ctx->num_inputs(), size = live->size(), rank = live->rank();
-    DoneFn finish = Countdown(ctx, done, n);
+    const InlineWait wait = Handoff(*live);
+    DoneFn finish = Countdown(ctx, Finisher(wait, done), n);
     std::vector<Request> reqs(n);
     for (int i = 0; i < n; ++i) {
       Request& r = reqs[i];
@@ -116,6 +119,7 @@ class ReducescatterOp : public BatchKernel {
       r.done = finish;
     }
     live->EnqueueBatch(std::move(reqs));
+    WaitInline(*live, wait, n, done);
   }
 
  private:
@@ -160,8 +164,10 @@ class AlltoallOp : public BatchKernel {
     r.received_splits = received->flat<int32_t>().data();
     r.input = in.tensor_data().data();
     r.allocate = OutputAllocator(ctx, 0);
-    r.done = Countdown(ctx, done, 1);
+    const InlineWait wait = Handoff(*live);
+    r.done = Countdown(ctx, Finisher(wait, done), 1);
     live->Enqueue(std::move(r));
+    WaitInline(*live, wait, 1, done);
   }
 };
 
@@ -172,7 +178,8 @@ class GroupedAllgatherOp : public BatchKernel {
     auto live = Live(ctx);
     if (!live) return done();
     const int n = ctx->num_inputs();
-    DoneFn finish = Countdown(ctx, done, n);
+    const InlineWait wait = Handoff(*live);
+    DoneFn finish = Countdown(ctx, Finisher(wait, done), n);
     std::vector<Request> reqs(n);
     for (int i = 0; i < n; ++i) {
       const Tensor& in = ctx->input(i);
@@ -190,6 +197,7 @@ class GroupedAllgatherOp : public BatchKernel {
       r.done = finish;
     }
     live->EnqueueBatch(std::move(reqs));
+    WaitInline(*live, wait, n, done);
   }
 };
 
