@@ -2,9 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
-
-#include "reduce.h"
 
 #ifdef __linux__
 #include <sys/prctl.h>

@@ -3,7 +3,6 @@
 // collective has run on every rank, on the engine thread or, after a short
 // wait (inline_wait.h), on the kernel's own thread.
 #include <atomic>
-#include <thread>
 
 #include "binding.h"
 #include "convert.h"
@@ -97,8 +96,6 @@ class CollectiveKernel : public AsyncOpKernel {
     return true;
   }
 
-  using Wait = InlineWait;
-
   std::string tensor_name_;
   int process_set_id_;
 };
@@ -146,7 +143,7 @@ class AllreduceOp : public ReduceKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto live = Live(ctx);
     if (!live) return done();
-    const Wait wait = Handoff(*live);
+    const InlineWait wait = Handoff(*live);
     Request r = NewRequest(ctx, Finisher(wait, done), OpType::kAllreduce);
     if (!BindInput(ctx, 0, &r)) return done();
     live->Enqueue(std::move(r));
@@ -171,7 +168,7 @@ class GroupedAllreduceOp : public ReduceKernel {
     // if the engine has stopped), so the counter only needs to be atomic for
     // the hand-off back to TensorFlow.
     auto remaining = std::make_shared<std::atomic<int>>(n);
-    const Wait wait = Handoff(*live);
+    const InlineWait wait = Handoff(*live);
     const DoneCallback finish = Finisher(wait, done);
     for (int i = 0; i < n; ++i) {
       Request r;
@@ -201,7 +198,7 @@ class AllgatherOp : public CollectiveKernel {
                           "allgather requires a tensor with at least one "
                           "dimension. Received a scalar; reshape it to [1]."),
                       done);
-    const Wait wait = Handoff(*live);
+    const InlineWait wait = Handoff(*live);
     Request r = NewRequest(ctx, Finisher(wait, done), OpType::kAllgather);
     if (!InputMeta(ctx, &r.meta)) return done();
     r.input = in.tensor_data().data();
@@ -227,7 +224,7 @@ class BroadcastOp : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto live = Live(ctx);
     if (!live) return done();
-    const Wait wait = Handoff(*live);
+    const InlineWait wait = Handoff(*live);
     Request r = NewRequest(ctx, Finisher(wait, done), OpType::kBroadcast);
     if (!InputMeta(ctx, &r.meta)) return done();
     r.meta.root = root_;
@@ -252,7 +249,7 @@ class BarrierOp : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto live = Live(ctx);
     if (!live) return done();
-    const Wait wait = Handoff(*live);
+    const InlineWait wait = Handoff(*live);
     Request r = NewRequest(ctx, Finisher(wait, done), OpType::kBarrier);
     live->Enqueue(std::move(r));
     WaitInline(*live, wait, 1, done);
