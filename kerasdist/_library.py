@@ -91,7 +91,7 @@ def load():
     ll = ctypes.c_longlong
     lib.kerasdist_init.argtypes = [
         ctypes.c_int, ll, ll, ll, ll, ll, ll, ll, ctypes.c_int, ctypes.c_char_p,
-        ctypes.c_char_p, ll, ctypes.c_int, ll, ll, ll, ll, ctypes.c_char_p, ctypes.c_int,
+        ctypes.c_char_p, ll, ctypes.c_int, ll, ll, ll, ll, ll, ctypes.c_char_p, ctypes.c_int,
     ]
     lib.kerasdist_topology.argtypes = [ctypes.POINTER(ctypes.c_int)]
     lib.kerasdist_add_process_set.argtypes = [
@@ -99,6 +99,7 @@ def load():
     lib.kerasdist_remove_process_set.argtypes = [ctypes.c_int]
     lib.kerasdist_exit_guard.argtypes = [ctypes.c_double]
     lib.kerasdist_cache_entries.restype = ll
+    lib.kerasdist_direct_ops.restype = ll
     lib.kerasdist_init.restype = ctypes.c_int
     lib.kerasdist_built_tf_version.restype = ctypes.c_char_p
     lib.kerasdist_transport_name.argtypes = [ctypes.c_char_p, ctypes.c_int]

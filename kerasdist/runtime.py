@@ -101,6 +101,9 @@ def read_config():
             "KERASDIST_FUSION_TENSOR_LIMIT", _MIB, int, 0
         ),
         "spin_us": _env_number("KERASDIST_SPIN_MICROSECONDS", 30, int, 0),
+        "direct_allreduce_bytes": _env_number(
+            "KERASDIST_DIRECT_ALLREDUCE_BYTES", 64 * 1024, int, 0
+        ),
         "timeline": os.environ.get("KERASDIST_TIMELINE", ""),
     }
 
@@ -344,6 +347,7 @@ def init(comm=None, process_sets=None):
         config["small_allreduce_bytes"],
         config["fusion_tensor_limit"],
         config["spin_us"],
+        config["direct_allreduce_bytes"],
         err,
         len(err),
     )

@@ -58,6 +58,43 @@ def test_ops_finished_on_the_kernels_thread_are_exact(np_, spin):
     assert out.count("inline wait checks passed") == np_, out[-3000:]
 
 
+@pytest.mark.parametrize("np_, spin, cap", [(2, "30", "65536"), (3, "0", "16384"),
+                                            (3, "200000", "16384")])
+def test_small_allreduces_on_the_direct_board_match_the_engine_and_numpy(np_, spin, cap):
+    # Every dtype and op, scales, chained, shape changes, too large for the
+    # board, a mismatch, a late peer and join(); the script also checks that
+    # the board was used, and (chained) that a name that outgrew its place
+    # on the board gets a larger one. np=3 runs with a smaller limit.
+    out = run_mpi("direct_allreduce.py", np_, timeout=240,
+                  env={"KERASDIST_SPIN_MICROSECONDS": spin,
+                       "KERASDIST_DIRECT_ALLREDUCE_BYTES": cap}).stdout
+    assert out.count("direct board checks passed") == np_, out[-3000:]
+
+
+@pytest.mark.parametrize("mode", ["slow", "frozen", "deadlock"])
+def test_direct_board_waits_for_a_slow_peer_and_names_a_lost_one_or_a_deadlock(mode):
+    env = {"KERASDIST_TIMEOUT_SECONDS": "2", "KERASDIST_DEADLOCK_TIME_SECONDS": "3",
+           "KERASDIST_STALL_CHECK_TIME_SECONDS": "1"}
+    out = run_mpi("direct_allreduce.py", 2, timeout=120, args=[mode], check=mode == "slow",
+                  env=env).stdout
+    if mode == "slow":
+        # Alive but busy for 5 s, longer than the 2 s timeout: a warning, no error.
+        assert "[rank 0] slow: no error" in out, out[-3000:]
+        assert "stall: allreduce 'd.f' has waited" in out and "for rank 1" in out, out[-3000:]
+        return
+    line = next((l for l in out.splitlines() if f"[rank 0] {mode} error after" in l), None)
+    assert line, out[-3000:]
+    assert "rank 1" in line, line
+    if mode == "frozen":
+        assert "no sign of life" in line and "KERASDIST_TIMEOUT_SECONDS" in line, line
+    else:
+        assert "deadlock" in line and "KERASDIST_DEADLOCK_TIME_SECONDS" in line, line
+        # Rank 0 stops the peer at once, with the reason.
+        peer = next((l for l in out.splitlines() if "deadlock peer error after" in l), None)
+        assert peer and "deadlock: allreduce 'd.f'" in peer, out[-3000:]
+    assert float(re.search(r"after ([0-9.]+) s", line).group(1)) < 30, line
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_broadcast_allgather_order_fusion_objects_gradients(np_):
     run_mpi("collectives.py", np_, timeout=240)

@@ -259,9 +259,10 @@ def test_sweep_and_soak(driver, np, shm, small_rd):
 def test_faults(driver):
     rc, out = run_driver(driver, ["faults"], np=2, timeout=120)
     assert rc == 0, out[-6000:]
-    for part in ("mismatch", "duplicate", "recreate"):
+    for part in ("mismatch", "duplicate", "direct", "recreate"):
         expect_pass(out, rf"^PASS {part} rank \d", 2)
     assert out.count("FAULT mismatch 'mm.shape'") == 2
+    assert out.count("FAULT mismatch 'direct.mm'") == 2
 
 
 # Over MPI this once crashed (SEGV in ucp_request_cancel <- MPI_Cancel of an

@@ -18,9 +18,11 @@ double Seconds() {
       .count();
 }
 
-// A checked float32 sum allreduce of `count` elements.
+// A checked float32 sum allreduce of `count` elements. `direct`: as the
+// allreduce kernel runs it, on the direct board once its name has a slot
+// there (direct_board.h), else through the engine.
 void CheckedAllreduce(kerasdist::Engine* e, int rank, int size, const std::string& name,
-                      size_t count, uint64_t seed) {
+                      size_t count, uint64_t seed, bool direct = false) {
   Buf in = MakeInput(DataType::kFloat32, ReduceOp::kSum, count, rank, seed, size);
   Buf out(in.bytes);
   auto slot = std::make_shared<Slot>();
@@ -28,7 +30,8 @@ void CheckedAllreduce(kerasdist::Engine* e, int rank, int size, const std::strin
                           {static_cast<int64_t>(count)}, slot);
   r.input = in.data();
   r.output = out.data();
-  e->Enqueue(std::move(r));
+  r.direct_ok = direct;
+  if (!direct || !e->TryDirect(&r)) e->Enqueue(std::move(r));
   ExpectOk(Wait(slot, name), name);
   Buf want = MakeExpected(DataType::kFloat32, ReduceOp::kSum, count, seed, size,
                           std::vector<bool>(size, true));
@@ -37,7 +40,8 @@ void CheckedAllreduce(kerasdist::Engine* e, int rank, int size, const std::strin
 
 // Submits a collective whose metadata differs by rank; every rank must get
 // kMismatch naming the tensor.
-void ExpectMismatch(kerasdist::Engine* e, const std::string& name, Request r, size_t bytes) {
+void ExpectMismatch(kerasdist::Engine* e, const std::string& name, Request r, size_t bytes,
+                    bool direct = false) {
   Buf in(bytes), out(bytes);
   if (bytes) std::memset(in.data(), 1, bytes);
   auto slot = std::make_shared<Slot>();
@@ -47,7 +51,8 @@ void ExpectMismatch(kerasdist::Engine* e, const std::string& name, Request r, si
   r.output = out.data();
   auto g = std::make_shared<Gathered>();
   if (r.meta.type == OpType::kAllgather) r.allocate = AllocateInto(g, r.meta.dtype);
-  e->Enqueue(std::move(r));
+  r.direct_ok = direct;
+  if (!direct || !e->TryDirect(&r)) e->Enqueue(std::move(r));
   Status s = Wait(slot, name);
   KDT_CHECK(s.code() == StatusCode::kMismatch, "'%s': expected kMismatch, got code %d: %s",
             name.c_str(), static_cast<int>(s.code()), s.message().c_str());
@@ -93,6 +98,34 @@ void Mismatches(kerasdist::Engine* e, int rank, int size) {
 
 }  // namespace
 
+void DirectAllreduce(kerasdist::Engine* e, int rank, int size, const std::string& name,
+                     size_t count, uint64_t seed) {
+  CheckedAllreduce(e, rank, size, name, count, seed, /*direct=*/true);
+}
+
+// The direct board (direct_board.h): two threads on two names, a late
+// peer, a tensor grown past the board, and a mismatch on the board.
+void DirectRounds(kerasdist::Engine* e, int rank, int size) {
+  const uint64_t before = e->direct_ops();
+  std::thread other([&] {
+    for (int i = 0; i < 300; ++i) DirectAllreduce(e, rank, size, "direct.b", 7, 100 + i);
+  });
+  for (int i = 0; i < 300; ++i) {
+    if (rank == size - 1 && i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    DirectAllreduce(e, rank, size, "direct.a", 1000, i);
+  }
+  other.join();
+  DirectAllreduce(e, rank, size, "direct.a", 40000, 999);  // through the engine
+  DirectAllreduce(e, rank, size, "direct.a", 1000, 1000);
+  const uint64_t used = e->direct_ops() - before;
+  KDT_CHECK(used >= 2 * 297, "only %llu allreduces ran on the direct board",
+            static_cast<unsigned long long>(used));
+  for (int i = 0; i < 3; ++i) DirectAllreduce(e, rank, size, "direct.mm", 4, i);
+  ExpectMismatch(e, "direct.mm", Meta(OpType::kAllreduce, DataType::kFloat32, {4 + rank}),
+                 (4 + rank) * 4, /*direct=*/true);
+  DirectAllreduce(e, rank, size, "direct.mm", 4, 5);
+}
+
 void RunFaults(bool shm, int rank, int size) {
   auto ctx = CreateContext(DriverConfig(shm));
   Mismatches(ctx->engine(), rank, size);
@@ -118,6 +151,10 @@ void RunFaults(bool shm, int rank, int size) {
     CheckedAllreduce(ctx->engine(), rank, size, "dup", 10, 9);
   }
   std::printf("PASS duplicate rank %d\n", rank);
+  if (shm) {
+    DirectRounds(ctx->engine(), rank, size);
+    std::printf("PASS direct rank %d\n", rank);
+  }
   // Shutdown, then a new context on the same communicator, three times.
   for (int round = 0; round < 3; ++round) {
     ctx->engine()->Shutdown();

@@ -42,6 +42,19 @@ template <typename L>
 auto EvictedOf(const L& l, int) -> decltype(std::vector<int32_t>(l.evicted)) { return l.evicted; }
 template <typename L>
 std::vector<int32_t> EvictedOf(const L&, long) { return {}; }
+template <typename L>
+auto AddDirect(L* l, int32_t id, int32_t slot, int)
+    -> decltype(l->direct.push_back(id), void()) {
+  l->direct.push_back(id);
+  l->direct.push_back(slot);
+  l->direct.push_back(64 * (1 + slot));  // capacity
+}
+template <typename L>
+void AddDirect(L*, int32_t, int32_t, long) {}
+template <typename L>
+auto DirectOf(const L& l, int) -> decltype(std::vector<int32_t>(l.direct)) { return l.direct; }
+template <typename L>
+std::vector<int32_t> DirectOf(const L&, long) { return {}; }
 
 std::string RandomString(Rng& rng, int max_len) {
   std::string s(rng.Int(0, max_len), '\0');
@@ -121,6 +134,10 @@ ResponseList RandomResponses(Rng& rng) {
   const int evicted = rng.Int(0, 1) ? rng.Int(0, 4) : 0;
   for (int i = 0; i < evicted; ++i)
     AddEvicted(&l, static_cast<int32_t>(rng.Next() % kerasdist::kMaxTensorId), 0);
+  const int direct = rng.Int(0, 1) ? rng.Int(0, 3) : 0;
+  for (int i = 0; i < direct; ++i)
+    AddDirect(&l, static_cast<int32_t>(rng.Next() % kerasdist::kMaxTensorId),
+              rng.Int(0, 63), 0);
   return l;
 }
 
@@ -154,6 +171,7 @@ bool Equal(const Response& x, const Response& y) {
 bool Equal(const ResponseList& a, const ResponseList& b) {
   if (a.shutdown != b.shutdown || a.abort != b.abort || a.message != b.message ||
       a.new_ids != b.new_ids || EvictedOf(a, 0) != EvictedOf(b, 0) ||
+      DirectOf(a, 0) != DirectOf(b, 0) ||
       a.responses.size() != b.responses.size())
     return false;
   for (size_t i = 0; i < a.responses.size(); ++i)

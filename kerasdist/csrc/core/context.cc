@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "direct_board.h"
 #include "mpi_transport.h"
 #include "hierarchical.h"
 #include "setup_exchange.h"
@@ -34,8 +35,16 @@ Status StartEngine(MPI_Comm comm, const EngineConfig& config, int64_t init_timeo
   wire.cycle_time_us = config.coordinator.cycle_time_us;
   wire.hierarchical = config.hierarchical;
   wire.small_allreduce_bytes = static_cast<int64_t>(config.collective.small_allreduce_bytes);
+  wire.direct_allreduce_bytes = config.direct_allreduce_bytes;
   s = ExchangeSetup(mpi.get(), wire, init_timeout_ms, topology);
   if (!s.ok()) return s;
+  // Small allreduces skip the coordinator where every rank shares /dev/shm.
+  std::unique_ptr<DirectBoard> board;
+  if (config.direct_allreduce_bytes > 0 && topology->size > 1 &&
+      topology->local_size == topology->size) {
+    s = DirectBoard::Create(mpi.get(), config.shared_memory, init_timeout_ms, &board);
+    if (!s.ok()) return s;
+  }
   std::unique_ptr<Transport> transport;
   // The hierarchical allreduce also sends along each host's own ring, whose
   // wrap-around link is not a world-ring link.
@@ -49,6 +58,7 @@ Status StartEngine(MPI_Comm comm, const EngineConfig& config, int64_t init_timeo
   if (!s.ok()) return s;
   *transport_name = transport->Name();
   engine->reset(new Engine(std::move(transport), config, *topology), StopAndFree);
+  (*engine)->SetBoard(std::move(board));
   (*engine)->Start();
   return Status::OK();
 }

@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include "direct_board.h"
+
 #include <algorithm>
 #include <chrono>
 
@@ -45,6 +47,12 @@ bool Engine::Failed() {
 
 std::string Engine::Prefix() const {
   return config_.label + "rank " + std::to_string(rank_) + "/" + std::to_string(size_) + ": ";
+}
+
+void Engine::Finish(Request& r, const Status& s) {
+  open_.fetch_sub(1, std::memory_order_relaxed);
+  if (board_) board_->Progress(NowMicros());
+  r.done(s);
 }
 
 void Engine::Enqueue(Request request) { EnqueueMany(&request, 1); }
@@ -289,6 +297,7 @@ void Engine::RunLoop(Status* exit_status) {
       if (!plan.empty() || now - last_sent_us > kHeartbeatUs) {
         // An empty list is the heartbeat that tells workers rank 0 is alive.
         if (!plan.empty()) progressed = true;
+        AnnounceDirect(&plan);
         const std::string wire = Serialize(plan);
         for (int w = 1; w < size_; ++w) SendControl(w, kTagResponse, wire);
         last_sent_us = now;
@@ -343,6 +352,20 @@ void Engine::RunLoop(Status* exit_status) {
       }
     }
     FinishControlSends(0);
+    if (running && board_) {
+      board_->Beat(NowMicros(), open() > 0);
+      running = PollDirect(exit_status, &progressed);
+      if (!running && rank_ == 0) {
+        // Stop the workers now, with the reason, rather than by silence.
+        ResponseList stop;
+        stop.abort = true;
+        stop.message = exit_status->message();
+        const std::string wire = Serialize(stop);
+        for (int w = 1; w < size_; ++w) SendControl(w, kTagResponse, wire);
+      }
+      // A joined rank stands in for the rounds the others run on the board.
+      if (joined_ && board_->ServeJoined()) progressed = true;
+    }
     if (!running) break;
     AnswerRollCall(NowMicros());
     if (progressed) {
@@ -350,7 +373,7 @@ void Engine::RunLoop(Status* exit_status) {
       backoff_us = 0;
       continue;
     }
-    const bool busy = !inflight_.empty() || shutdown_sent ||
+    const bool busy = !inflight_.empty() || shutdown_sent || direct_waiting_.load() > 0 ||
                       (coordinator_ && coordinator_->HasPending());
     if (busy) {
       // Waiting on other ranks: spin briefly, then poll with short sleeps.
@@ -367,22 +390,32 @@ void Engine::RunLoop(Status* exit_status) {
     } else {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(5),
-                   [this] { return !queue_.empty() || shutdown_requested_; });
+                   [this] {
+                     return !queue_.empty() || shutdown_requested_ || !direct_pending_.empty();
+                   });
     }
   }
 }
 
 void Engine::FailAll(const Status& status) {
   std::vector<Request> rest;
+  std::vector<DirectOp> direct;
   {
     std::lock_guard<std::mutex> lock(mu_);
     rest.swap(queue_);
+    direct.swap(direct_pending_);
     final_status_ = status;
     stopped_ = true;
   }
   for (auto& kv : inflight_) Finish(kv.second, status);
   inflight_.clear();
   for (auto& r : rest) Finish(r, status);
+  for (DirectOp& op : direct) {
+    std::vector<int> missing;
+    board_->Abandon(&op, &missing);
+    direct_waiting_.fetch_sub(1, std::memory_order_relaxed);
+    Finish(op.request, status);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   cv_.notify_all();
 }

@@ -45,6 +45,9 @@ struct EngineConfig {
   // activity before it sleeps, and how long a kernel waits for its
   // collective to finish on its own thread (0: neither spins).
   int64_t spin_us = 30;
+  // Allreduces up to this many bytes skip the coordinator once cached, when
+  // every rank runs on this host (direct_board.h); 0 turns that off.
+  int64_t direct_allreduce_bytes = 65536;
 };
 
 // Allocates the output once its shape is known (allgather), on the engine
@@ -64,7 +67,21 @@ struct Request {
   int32_t* received_splits = nullptr;  // alltoall: rows from each rank (size())
   DoneFn done;
   int64_t enqueue_us = 0;
+  bool direct_ok = false;  // a single allreduce kernel: may use the direct board
 };
+
+// One execution of an allreduce on the direct board (direct_board.h).
+struct DirectOp {
+  int slot = -1;
+  size_t offset = 0, capacity = 0;  // the slot's place in the board's arena
+  uint64_t round = 0;
+  Request request;
+  int64_t start_us = 0;
+  bool warned = false;  // the stall warning was printed
+  int64_t checked_us = 0;  // when the engine last checked on the missing ranks
+};
+
+class DirectBoard;
 
 // "a,b,c" (shortened past 512 characters), for messages and the timeline.
 std::string JoinNames(const std::vector<Request*>& reqs);
@@ -74,7 +91,16 @@ class Engine {
   Engine(std::unique_ptr<Transport> transport, const EngineConfig& config,
          const Topology& topology);
   ~Engine();
+  // Before Start(): the board this engine's small allreduces may use.
+  void SetBoard(std::unique_ptr<DirectBoard> board);
   void Start();
+  // Kernels: runs a single allreduce on the direct board if its name has a
+  // slot there. Returns false, leaving *request untouched, if not (enqueue
+  // it). Otherwise its `done` runs exactly once: on this thread if every
+  // rank posts within the spin, else on the engine thread.
+  bool TryDirect(Request* request);
+  // Allreduces completed on the direct board so far (a hint, for tests).
+  uint64_t direct_ops() const { return direct_ops_.load(std::memory_order_relaxed); }
   // Thread-safe. If the engine has stopped, `done` runs at once with the
   // reason it stopped.
   void Enqueue(Request request);
@@ -115,6 +141,14 @@ class Engine {
   Status RunBroadcast(const Response& resp, Request* req);
   Status RunReducescatter(const Response& resp, std::vector<Request*>& reqs);  // engine_scatter.cc
   Status RunAlltoall(const Response& resp, Request* req);                      // engine_scatter.cc
+  // The direct board (engine.cc): finish a posted op if every rank posted;
+  // poll the ops handed to the engine thread (false: stop, *exit_status
+  // says why); rank 0 gives slots to small cached allreduces in `plan`.
+  bool FinishDirect(DirectOp* op);
+  bool PollDirect(Status* exit_status, bool* progressed);
+  // Why a direct op that still waits must stop everyone, or "" (engine_direct.cc).
+  std::string DirectVerdict(DirectOp* op, int64_t now);
+  void AnnounceDirect(ResponseList* plan);
   void SendControl(int peer, int tag, std::string bytes);
   void FinishControlSends(int64_t timeout_ms);
   void FailAll(const Status& status);
@@ -137,6 +171,7 @@ class Engine {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Request> queue_;
+  std::vector<DirectOp> direct_pending_;  // handed to the engine thread
   bool shutdown_requested_ = false;
   bool stopped_ = false;
   bool detached_ = false;
@@ -159,10 +194,12 @@ class Engine {
   uint64_t lists_run_ = 0;  // response lists with content executed
   std::atomic<size_t> cache_entries_{0};
   std::atomic<int> open_{0};
-  void Finish(Request& r, const Status& s) {
-    open_.fetch_sub(1, std::memory_order_relaxed);
-    r.done(s);
-  }
+  std::unique_ptr<DirectBoard> board_;
+  int next_direct_slot_ = 0;        // rank 0: slots announced
+  size_t direct_planned_bytes_ = 0;  // rank 0: arena bytes announced
+  std::atomic<int> direct_waiting_{0};  // size of direct_pending_
+  std::atomic<uint64_t> direct_ops_{0};
+  void Finish(Request& r, const Status& s);  // engine.cc
 };
 
 }  // namespace kerasdist

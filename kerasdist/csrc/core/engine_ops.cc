@@ -3,6 +3,7 @@
 // accumulation type, joined ranks) over the algorithms in collectives.h.
 #include <cstring>
 
+#include "direct_board.h"
 #include "engine.h"
 #include "reduce.h"
 
@@ -45,17 +46,31 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
     if (static_cast<size_t>(p.first) >= id_names_.size()) id_names_.resize(p.first + 1);
     id_names_[p.first] = p.second;
   }
+  for (size_t i = 0; i + 2 < list.direct.size(); i += 3) {
+    const int32_t id = list.direct[i];
+    if (!board_ || static_cast<size_t>(id) >= id_names_.size() || id_names_[id].empty() ||
+        !board_->Assign(list.direct[i + 1], id_names_[id],
+                        static_cast<size_t>(list.direct[i + 2]))) {
+      *exit_status = Status(StatusCode::kAborted,
+                            Prefix() + "corrupt response from rank 0 (a direct-board slot "
+                                       "for an unknown tensor or a taken slot); stopping");
+      return false;
+    }
+  }
   for (const Response& resp : list.responses) {
     const int64_t start = NowMicros();
     std::vector<Request*> reqs;
     if (resp.type == OpType::kJoin) {
+      // The board's next epoch starts before join() returns: a post made
+      // after it must never look like one of this join's rounds.
+      joined_ = false;
+      if (board_) board_->EndJoin();
       auto it = inflight_.find(kJoinName);
       if (it != inflight_.end()) {
         if (it->second.join_result) *it->second.join_result = resp.root;
         Finish(it->second, Status::OK());
         inflight_.erase(it);
       }
-      joined_ = false;
       continue;
     }
     if (!ResponseFits(resp)) {

@@ -204,6 +204,7 @@ std::string Serialize(const ResponseList& list) {
     w.PutVector(resp.splits); w.Put(resp.contributors); w.PutString(resp.error);
   }
   w.PutVector(list.evicted);
+  w.PutVector(list.direct);
   return w.Take();
 }
 
@@ -236,6 +237,11 @@ bool Parse(const std::string& bytes, ResponseList* list) {
   if (!r.GetVector(&list->evicted)) return false;
   for (int32_t id : list->evicted)
     if (id < 0 || id >= kMaxTensorId) return false;
+  if (!r.GetVector(&list->direct) || list->direct.size() % 3) return false;
+  for (size_t i = 0; i < list->direct.size(); i += 3)
+    if (list->direct[i] < 0 || list->direct[i] >= kMaxTensorId || list->direct[i + 1] < 0 ||
+        list->direct[i + 1] >= (1 << 16) || list->direct[i + 2] < 0)
+      return false;
   return r.done();
 }
 

@@ -82,11 +82,16 @@ struct ResponseList {
   // Cache ids evicted after this list's responses: each rank forgets them
   // (and says so through RequestList::seen) before the id can be reused.
   std::vector<int32_t> evicted;
+  // Triples (tensor id, slot, capacity in bytes): these allreduces use the
+  // direct board from their next execution on (direct_board.h). Applied
+  // before the responses.
+  std::vector<int32_t> direct;
   bool shutdown = false;
   bool abort = false;
   std::string message;  // why the job shuts down or aborts
   bool empty() const {
-    return new_ids.empty() && responses.empty() && evicted.empty() && !shutdown && !abort;
+    return new_ids.empty() && responses.empty() && evicted.empty() && direct.empty() &&
+           !shutdown && !abort;
   }
 };
 

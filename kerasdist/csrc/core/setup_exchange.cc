@@ -21,6 +21,7 @@ struct Record {
   int64_t fusion_tensor_limit;
   int64_t cycle_time_us;
   int64_t small_allreduce_bytes;
+  int64_t direct_allreduce_bytes;
   int32_t hierarchical;
   char host[128];
 };
@@ -64,6 +65,7 @@ Status ExchangeSetup(MpiTransport* mpi, const WireSettings& mine,
   rec.fusion_tensor_limit = mine.fusion_tensor_limit;
   rec.cycle_time_us = mine.cycle_time_us;
   rec.small_allreduce_bytes = mine.small_allreduce_bytes;
+  rec.direct_allreduce_bytes = mine.direct_allreduce_bytes;
   rec.hierarchical = mine.hierarchical;
   if (gethostname(rec.host, sizeof(rec.host) - 1) != 0) std::strcpy(rec.host, "unknown");
   const int n = mpi->size();
@@ -93,6 +95,8 @@ Status ExchangeSetup(MpiTransport* mpi, const WireSettings& mine,
                    [](const Record& x) { return x.cycle_time_us; }, &diff);
   Compare<int64_t>(all, "KERASDIST_SMALL_ALLREDUCE_BYTES",
                    [](const Record& x) { return x.small_allreduce_bytes; }, &diff);
+  Compare<int64_t>(all, "KERASDIST_DIRECT_ALLREDUCE_BYTES",
+                   [](const Record& x) { return x.direct_allreduce_bytes; }, &diff);
   Compare<int32_t>(all, "KERASDIST_HIERARCHICAL_ALLREDUCE",
                    [](const Record& x) { return x.hierarchical; }, &diff);
   if (!diff.empty()) {

@@ -60,8 +60,8 @@ size_t FragmentBytes(size_t bytes, uint64_t k) {
   return std::min(kSlotBytes, bytes - off);
 }
 
-// 64 random bits for segment names and tokens, so that neither can be
-// guessed by another user of /dev/shm.
+}  // namespace
+
 uint64_t RandomBits() {
   uint64_t v = 0;
   if (getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
@@ -71,8 +71,8 @@ uint64_t RandomBits() {
   return v;
 }
 
-std::unique_ptr<ShmTransport::Segment> MapSegment(const std::string& name,
-                                                  bool create, std::string* why) {
+std::unique_ptr<ShmTransport::Segment> MapSharedSegment(const std::string& name, bool create,
+                                                        size_t size, std::string* why) {
   const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
                         : shm_open(name.c_str(), O_RDWR | O_NOFOLLOW, 0);
   if (fd < 0) {
@@ -83,11 +83,11 @@ std::unique_ptr<ShmTransport::Segment> MapSegment(const std::string& name,
   if (create) {
     // Reserve the pages now: with /dev/shm full, a lazily backed segment
     // would end in SIGBUS in the middle of training instead.
-    const int rc = ftruncate(fd, kSegmentBytes) == 0
-                       ? posix_fallocate(fd, 0, kSegmentBytes)
+    const int rc = ftruncate(fd, size) == 0
+                       ? posix_fallocate(fd, 0, size)
                        : errno;
     if (rc != 0) {
-      *why = std::string("cannot reserve ") + std::to_string(kSegmentBytes) +
+      *why = std::string("cannot reserve ") + std::to_string(size) +
              " bytes in /dev/shm: " + std::strerror(rc);
       ok = false;
     }
@@ -95,12 +95,12 @@ std::unique_ptr<ShmTransport::Segment> MapSegment(const std::string& name,
     // Only a segment of our own user, private to it, of the expected size.
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077) != 0 ||
-        static_cast<size_t>(st.st_size) != kSegmentBytes) {
+        static_cast<size_t>(st.st_size) != size) {
       *why = "segment " + name + " has the wrong owner, mode or size";
       ok = false;
     }
   }
-  void* addr = ok ? mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+  void* addr = ok ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                   : MAP_FAILED;
   if (ok && addr == MAP_FAILED) *why = std::string("mmap failed: ") + std::strerror(errno);
   close(fd);
@@ -110,9 +110,11 @@ std::unique_ptr<ShmTransport::Segment> MapSegment(const std::string& name,
   }
   auto seg = std::make_unique<ShmTransport::Segment>();
   seg->addr = addr;
-  seg->bytes = kSegmentBytes;
+  seg->bytes = size;
   return seg;
 }
+
+namespace {
 
 // What each rank tells the others at setup: up to two outgoing segments.
 struct SetupRecord {
@@ -228,7 +230,7 @@ Status ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool enabled,
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(RandomBits()));
     names[i] = std::string("/kerasdist-") + hex;
     std::string why;
-    outgoing[i] = MapSegment(names[i], /*create=*/true, &why);
+    outgoing[i] = MapSharedSegment(names[i], /*create=*/true, kSegmentBytes, &why);
     if (!outgoing[i]) {
       std::fprintf(stderr,
                    "[kerasdist] WARNING: rank %d: no shared-memory segment (%s); the link to "
@@ -267,7 +269,7 @@ Status ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool enabled,
     for (const auto& o : all[r].offers) {
       if (o.to != me || r == me || ins.size() == 2) continue;
       std::string why;
-      auto seg = MapSegment(OfferName(o), /*create=*/false, &why);
+      auto seg = MapSharedSegment(OfferName(o), /*create=*/false, kSegmentBytes, &why);
       if (!seg || Header(seg.get())->magic != kMagic || Header(seg.get())->token != o.token)
         continue;
       auto c = std::make_unique<Channel>();

@@ -89,4 +89,15 @@ class ShmTransport : public Transport {
   std::vector<std::unique_ptr<Channel>> outs_, ins_;  // at most two each
 };
 
+// 64 random bits for segment names and tokens, so that neither can be
+// guessed by another user of /dev/shm.
+uint64_t RandomBits();
+
+// Creates (O_EXCL, `size` bytes reserved up front) or opens a segment of
+// /dev/shm and maps it. Opening checks that it belongs to this user, is
+// private to it and has `size` bytes. Null on failure, with the reason in
+// *why.
+std::unique_ptr<ShmTransport::Segment> MapSharedSegment(const std::string& name, bool create,
+                                                        size_t size, std::string* why);
+
 }  // namespace kerasdist

@@ -27,29 +27,33 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 bool Timeline::Open(const std::string& path, int rank) {
-  file_ = std::fopen(path.c_str(), "w");
-  if (!file_) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::FILE* file = std::fopen(path.c_str(), "w");
+  if (!file) return false;
   rank_ = rank;
   origin_us_ = NowMicros();
-  std::fprintf(file_, "[\n");
+  std::fprintf(file, "[\n");
   const char* rows[] = {"", "negotiation", "fusion copies", "collective"};
   for (int row = 1; row <= 3; ++row) {
-    std::fprintf(file_,
+    std::fprintf(file,
                  "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
                  "\"args\":{\"name\":\"%s\"}},\n",
                  rank_, row, rows[row]);
   }
-  std::fprintf(file_,
+  std::fprintf(file,
                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
                "\"args\":{\"name\":\"rank %d\"}}",
                rank_, rank_);
+  file_.store(file);
   return true;
 }
 
 void Timeline::Event(const std::string& name, int row, int64_t start_us,
                      int64_t end_us, const std::string& value, const char* key) {
-  if (!file_) return;
-  std::fprintf(file_,
+  std::lock_guard<std::mutex> lock(mu_);
+  std::FILE* file = file_.load();
+  if (!file) return;
+  std::fprintf(file,
                ",\n{\"name\":\"%s\",\"cat\":\"kerasdist\",\"ph\":\"X\",\"pid\":%d,"
                "\"tid\":%d,\"ts\":%lld,\"dur\":%lld,\"args\":{\"%s\":\"%s\"}}",
                JsonEscape(name).c_str(), rank_, row,
@@ -59,10 +63,11 @@ void Timeline::Event(const std::string& name, int row, int64_t start_us,
 }
 
 void Timeline::Close() {
-  if (!file_) return;
-  std::fprintf(file_, "\n]\n");
-  std::fclose(file_);
-  file_ = nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::FILE* file = file_.exchange(nullptr);
+  if (!file) return;
+  std::fprintf(file, "\n]\n");
+  std::fclose(file);
 }
 
 }  // namespace kerasdist

@@ -37,7 +37,8 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
                    int shared_memory, const char* timeline_path,
                    const char* version, long long deadlock_us, int hierarchical,
                    long long cache_capacity, long long small_allreduce_bytes,
-                   long long fusion_tensor_limit, long long spin_us, char* err,
+                   long long fusion_tensor_limit, long long spin_us,
+                   long long direct_allreduce_bytes, char* err,
                    int err_len) {
   std::lock_guard<std::mutex> lock(kerasdist::g_mu);
   if (*kerasdist::g_context) return 0;  // init() twice is harmless
@@ -57,6 +58,7 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
   config.coordinator.cache_capacity = cache_capacity;
   config.collective.small_allreduce_bytes = static_cast<size_t>(small_allreduce_bytes);
   config.spin_us = spin_us;
+  config.direct_allreduce_bytes = direct_allreduce_bytes;
   std::unique_ptr<Context> ctx;
   kerasdist::Status s =
       Context::Create(MPI_Comm_f2c(fortran_comm), config, init_timeout_ms, &ctx);
@@ -158,6 +160,12 @@ int kerasdist_topology(int* out) {
 long long kerasdist_cache_entries() {
   auto ctx = kerasdist::CurrentContext();
   return ctx ? static_cast<long long>(ctx->engine()->cache_entries()) : -1;
+}
+
+// Allreduces this rank completed on the direct board, or -1 before init().
+long long kerasdist_direct_ops() {
+  auto ctx = kerasdist::CurrentContext();
+  return ctx ? static_cast<long long>(ctx->engine()->direct_ops()) : -1;
 }
 
 int kerasdist_is_initialized() { return kerasdist::CurrentContext() ? 1 : 0; }

@@ -78,11 +78,14 @@ class CollectiveKernel : public AsyncOpKernel {
     Request r;
     r.name = tensor_name_.empty() ? name() : tensor_name_;
     r.meta.type = type;
-    r.done = [ctx, done](const Status& s) {
+    r.done = Completion(ctx, done);
+    return r;
+  }
+  static DoneFn Completion(OpKernelContext* ctx, DoneCallback done) {
+    return [ctx, done](const Status& s) {
       if (!s.ok()) ctx->SetStatus(ToTfStatus(s));
       done();
     };
-    return r;
   }
   bool InputMeta(OpKernelContext* ctx, TensorMeta* meta, int i = 0) {
     const Tensor& in = ctx->input(i);
@@ -143,9 +146,12 @@ class AllreduceOp : public ReduceKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto live = Live(ctx);
     if (!live) return done();
-    const InlineWait wait = Handoff(*live);
-    Request r = NewRequest(ctx, Finisher(wait, done), OpType::kAllreduce);
+    Request r = NewRequest(ctx, done, OpType::kAllreduce);
     if (!BindInput(ctx, 0, &r)) return done();
+    r.direct_ok = true;
+    if (live->TryDirect(&r)) return;  // small and cached: no coordinator
+    const InlineWait wait = Handoff(*live);
+    r.done = Completion(ctx, Finisher(wait, done));
     live->Enqueue(std::move(r));
     WaitInline(*live, wait, 1, done);
   }

@@ -1,0 +1,211 @@
+"""Small cached allreduces on the direct board (KERASDIST_DIRECT_ALLREDUCE_BYTES).
+
+A name moves to the board after it has completed through the coordinator,
+so every check below runs a name first through the engine and then on the
+board, and compares the two bit for bit and with numpy. It also checks that
+the board was really used (the engine's counter of direct ops), and the
+board's own decisions: a shape every rank changes, a tensor every rank grows
+past the board (back through the engine), a mismatch (an error on every
+rank, after which the name still works), a late peer, and join().
+
+Modes "slow", "frozen", "deadlock": rank 1 is busy for 5 s, stops (SIGSTOP),
+or waits on a collective rank 0 never runs, while rank 0 waits for it on
+the board. As for the engine's collectives: rank 0 waits for a slow peer,
+and fails naming the frozen peer, or the deadlock, within their bounds.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+from mpi4py import MPI
+
+import kerasdist as kd
+from _util import log, main
+
+DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64,
+          tf.int32, tf.int64, tf.uint8, tf.int8]
+OPS = [kd.Sum, kd.Average, kd.Min, kd.Max, kd.Product]
+# float32 elements that fit on the board.
+FIT = int(os.environ.get("KERASDIST_DIRECT_ALLREDUCE_BYTES", 65536)) // 4
+
+
+def direct_ops():
+    return kd.runtime.context.lib.kerasdist_direct_ops()
+
+
+def rank_input(dtype, r, n=37):
+    """Rank r's input: 1..5 (halved for floats), so that products stay small."""
+    v = (np.arange(n) * (r + 3) + 7 * r) % 5 + 1
+    v = v * 0.5 if dtype.is_floating else v
+    return tf.cast(tf.constant(v), dtype)
+
+
+def numpy_reduce(op, parts):
+    a = np.stack(parts).astype(np.float64)
+    if op == kd.Sum:
+        return a.sum(0)
+    if op == kd.Average:
+        return a.mean(0)
+    if op == kd.Min:
+        return a.min(0)
+    if op == kd.Max:
+        return a.max(0)
+    return a.prod(0)
+
+
+def check_every_dtype_and_op(size, r):
+    before = direct_ops()
+    for dtype in DTYPES:
+        for op in OPS:
+            x = rank_input(dtype, r)
+            name = f"d.{dtype.name}.{op}"
+            # Rounds 1-2 through the coordinator (cached after 1, a board slot
+            # announced with 2), rounds 3-4 on the board.
+            outs = [kd.allreduce(x, op=op, name=name, prescale_factor=1.0, postscale_factor=1.0)
+                    for _ in range(4)]
+            ref = outs[0].numpy()
+            for o in outs[1:]:
+                np.testing.assert_array_equal(o.numpy().view(np.uint8), ref.view(np.uint8),
+                                              err_msg=f"{name}: board differs from engine")
+            parts = [tf.cast(rank_input(dtype, k), tf.float64).numpy()
+                     for k in range(size)]
+            want = numpy_reduce(op, parts)
+            got = tf.cast(outs[-1], tf.float64).numpy()
+            if dtype.is_integer and op == kd.Average:
+                want = np.trunc(want)
+            tol = 0.02 if dtype in (tf.float16, tf.bfloat16) else 1e-6
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=name)
+    # Scales, on the board too.
+    x = tf.fill([5], float(r + 1))
+    for _ in range(4):
+        y = kd.allreduce(x, op=kd.Sum, prescale_factor=0.5, postscale_factor=3.0, name="d.scales")
+        np.testing.assert_allclose(y.numpy(), np.full(5, 1.5 * size * (size + 1) / 2))
+    used = direct_ops() - before
+    assert used >= 2 * len(DTYPES) * len(OPS) + 2, f"only {used} ops ran on the board"
+
+
+def check_chained(size, r):
+    @tf.function
+    def chain(x, k):
+        body = lambda i, y: (i + 1, kd.allreduce(y + float(r), op=kd.Average, name="d.chain"))  # noqa: E731
+        return tf.while_loop(lambda i, y: i < k, body, (tf.constant(0), x))[1]
+
+    before = direct_ops()
+    for n in (1, 1024, FIT):  # FIT: the largest on the board
+        y = chain(tf.zeros([n]), tf.constant(300))
+        np.testing.assert_array_equal(y.numpy(), np.full(n, 300 * (size - 1) / 2.0, np.float32))
+    assert direct_ops() - before >= 3 * 290, direct_ops() - before
+
+
+def check_shapes(size, r):
+    before = direct_ops()
+    for n in [3, 3, 3, 7, 1, FIT + 1, FIT + 999, 5, 2, 5]:  # FIT + ...: past the board
+        y = kd.allreduce(tf.fill([n], float(r + 1)), op=kd.Sum, name="d.shapes")
+        np.testing.assert_array_equal(y.numpy(), np.full(n, size * (size + 1) / 2, np.float32))
+    # Board rounds: n = 3 (third), 7, 1, 5, 2, 5; the large ones went through the engine.
+    assert direct_ops() - before == 6, direct_ops() - before
+
+
+def check_mismatch(size, r):
+    for _ in range(3):
+        kd.allreduce(tf.ones([4]), name="d.mm")
+    n = 4 if r == 0 else 5
+    try:
+        kd.allreduce(tf.ones([n]), name="d.mm")
+        raise AssertionError("a mismatch on the board did not fail")
+    except tf.errors.OpError as e:
+        msg = str(e)
+        assert "Mismatched allreduce for tensor 'd.mm'" in msg, msg
+        assert "rank 0 sent allreduce(average) float32 [4]" in msg, msg
+        assert "rank 1 sent allreduce(average) float32 [5]" in msg, msg
+    y = kd.allreduce(tf.fill([4], float(r)), name="d.mm")  # the next round is fine
+    np.testing.assert_array_equal(y.numpy(), np.full(4, (size - 1) / 2, np.float32))
+
+
+def check_late_peer(size, r):
+    for delay in (0.0, 0.05, 0.3):
+        for i in range(4):
+            if r == size - 1:
+                time.sleep(delay)
+            y = kd.allreduce(tf.fill([16], float(r + i)), op=kd.Sum, name="d.late")
+            np.testing.assert_array_equal(
+                y.numpy(), np.full(16, size * i + size * (size - 1) / 2, np.float32))
+
+
+def check_join(size, r):
+    for _ in range(3):  # on the board from the third
+        kd.allreduce(tf.ones([6]), op=kd.Average, name="d.join")
+    # Ten times: one rank has three more batches, the others join; then every
+    # rank again, at once (a rank still in join() when the others' next round
+    # starts must not stand in for it).
+    for rep in range(10):
+        extra = rep % size
+        if r == extra:
+            for i in range(3):
+                y = kd.allreduce(tf.fill([6], float(i + 10)), op=kd.Average, name="d.join")
+                np.testing.assert_array_equal(y.numpy(), np.full(6, i + 10, np.float32))
+                z = kd.allreduce(tf.fill([6], 2.0), op=kd.Sum, name="d.join.sum")
+                np.testing.assert_array_equal(z.numpy(), np.full(6, 2.0, np.float32))
+        kd.join()
+        for i in range(2):
+            y = kd.allreduce(tf.fill([6], float(r + i)), op=kd.Average, name="d.join")
+            np.testing.assert_array_equal(y.numpy(), np.full(6, (size - 1) / 2 + i, np.float32))
+
+
+def run_checks():
+    size, r = kd.size(), kd.rank()
+    assert kd.runtime.context.lib.kerasdist_direct_ops() == 0
+    check_every_dtype_and_op(size, r)
+    check_chained(size, r)
+    check_shapes(size, r)
+    check_mismatch(size, r)
+    check_late_peer(size, r)
+    check_join(size, r)
+    log("direct board checks passed")
+
+
+def run_fault(mode):
+    """A name on the board, then rank 1 misbehaves while rank 0 runs it."""
+    r = kd.rank()
+    comm = MPI.COMM_WORLD
+    pids = comm.allgather(os.getpid())
+    for _ in range(3):
+        kd.allreduce(tf.ones([2]), name="d.f")
+    comm.Barrier()
+    t = time.time()
+    if r == 1:
+        if mode == "slow":  # busy elsewhere, alive: rank 0 must wait for it
+            time.sleep(5)
+        elif mode == "frozen":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            os._exit(0)  # continued by rank 0: its engine is gone, so leave
+        elif mode == "deadlock":  # waits on a collective rank 0 never runs
+            try:
+                kd.allreduce(tf.ones([3]), name="d.other")
+            except tf.errors.OpError as e:
+                log(f"deadlock peer error after {time.time() - t:.1f} s: {e.message}")
+            comm.Barrier()
+            os._exit(0)
+    try:
+        y = kd.allreduce(tf.fill([2], float(r)), name="d.f")
+        np.testing.assert_array_equal(y.numpy(), np.full(2, 0.5, np.float32))
+        log(f"{mode}: no error, waited {time.time() - t:.1f} s")
+    except tf.errors.OpError as e:
+        log(f"{mode} error after {time.time() - t:.1f} s: {e.message}")
+    if mode == "frozen":
+        os.kill(pids[1], signal.SIGCONT)
+    if mode == "deadlock":
+        comm.Barrier()
+    if mode != "slow":
+        sys.stdout.flush()
+        os._exit(0)
+
+
+if sys.argv[1:2] in (["slow"], ["frozen"], ["deadlock"]):
+    main(lambda: run_fault(sys.argv[1]))
+else:
+    main(run_checks)
