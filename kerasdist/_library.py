@@ -91,7 +91,7 @@ def load():
     ll = ctypes.c_longlong
     lib.kerasdist_init.argtypes = [
         ctypes.c_int, ll, ll, ll, ll, ll, ll, ll, ctypes.c_int, ctypes.c_char_p,
-        ctypes.c_char_p, ll, ctypes.c_int, ll, ll, ll, ll, ll, ctypes.c_char_p, ctypes.c_int,
+        ctypes.c_char_p, ll, ctypes.c_int, ll, ll, ll, ll, ll, ll, ctypes.c_char_p, ctypes.c_int,
     ]
     lib.kerasdist_topology.argtypes = [ctypes.POINTER(ctypes.c_int)]
     lib.kerasdist_add_process_set.argtypes = [

@@ -104,6 +104,9 @@ def read_config():
         "direct_allreduce_bytes": _env_number(
             "KERASDIST_DIRECT_ALLREDUCE_BYTES", 64 * 1024, int, 0
         ),
+        "direct_group_bytes": _env_number(
+            "KERASDIST_DIRECT_GROUP_BYTES", _MIB, int, 0
+        ),
         "timeline": os.environ.get("KERASDIST_TIMELINE", ""),
     }
 
@@ -348,6 +351,7 @@ def init(comm=None, process_sets=None):
         config["fusion_tensor_limit"],
         config["spin_us"],
         config["direct_allreduce_bytes"],
+        config["direct_group_bytes"],
         err,
         len(err),
     )

@@ -58,16 +58,20 @@ def test_ops_finished_on_the_kernels_thread_are_exact(np_, spin):
     assert out.count("inline wait checks passed") == np_, out[-3000:]
 
 
-@pytest.mark.parametrize("np_, spin, cap", [(2, "30", "65536"), (3, "0", "16384"),
-                                            (3, "200000", "16384")])
-def test_small_allreduces_on_the_direct_board_match_the_engine_and_numpy(np_, spin, cap):
+@pytest.mark.parametrize("np_, spin, cap, group_cap", [(2, "30", "65536", "1048576"),
+                                                       (3, "0", "16384", "65536"),
+                                                       (3, "200000", "16384", "65536")])
+def test_small_allreduces_on_the_direct_board_match_the_engine_and_numpy(np_, spin, cap,
+                                                                         group_cap):
     # Every dtype and op, scales, chained, shape changes, too large for the
-    # board, a mismatch, a late peer and join(); the script also checks that
-    # the board was used, and (chained) that a name that outgrew its place
-    # on the board gets a larger one. np=3 runs with a smaller limit.
+    # board, a mismatch, a late peer and join(), for single and grouped
+    # allreduces; the script also checks that the board was used, and
+    # (chained) that a name that outgrew its place on the board gets a
+    # larger one. np=3 runs with smaller limits.
     out = run_mpi("direct_allreduce.py", np_, timeout=240,
                   env={"KERASDIST_SPIN_MICROSECONDS": spin,
-                       "KERASDIST_DIRECT_ALLREDUCE_BYTES": cap}).stdout
+                       "KERASDIST_DIRECT_ALLREDUCE_BYTES": cap,
+                       "KERASDIST_DIRECT_GROUP_BYTES": group_cap}).stdout
     assert out.count("direct board checks passed") == np_, out[-3000:]
 
 

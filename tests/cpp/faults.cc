@@ -103,8 +103,69 @@ void DirectAllreduce(kerasdist::Engine* e, int rank, int size, const std::string
   CheckedAllreduce(e, rank, size, name, count, seed, /*direct=*/true);
 }
 
+// A checked float32 sum grouped allreduce of tensors of `counts` elements,
+// as the grouped kernel runs it (ops.cc): one request listing the tensors'
+// buffers, which the board takes once the group has a place there;
+// otherwise (or when the group outgrows its place) a request per tensor
+// named "<base>.<i>", the first telling rank 0 the group's size and bytes.
+void CheckedGroup(kerasdist::Engine* e, int rank, int size, const std::string& base,
+                  const std::vector<size_t>& counts, uint64_t seed) {
+  const size_t n = counts.size();
+  std::vector<Buf> ins, outs;
+  for (size_t i = 0; i < n; ++i) {
+    ins.push_back(MakeInput(DataType::kFloat32, ReduceOp::kSum, counts[i], rank, seed + i, size));
+    outs.emplace_back(ins.back().bytes);
+  }
+  auto slot = std::make_shared<Slot>();
+  auto members = [&ins, &outs, &counts, base, n, slot] {
+    auto remaining = std::make_shared<std::atomic<int>>(static_cast<int>(n));
+    auto first_error = std::make_shared<Status>();
+    const kerasdist::DoneFn finish = DoneInto(slot);
+    std::vector<Request> reqs;
+    int64_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      Request r = MakeRequest(base + "." + std::to_string(i), OpType::kAllreduce,
+                              DataType::kFloat32, {static_cast<int64_t>(counts[i])}, nullptr);
+      r.input = ins[i].data();
+      r.output = outs[i].data();
+      r.done = [remaining, first_error, finish](const Status& s) {
+        if (!s.ok() && first_error->ok()) *first_error = s;
+        if (remaining->fetch_sub(1) == 1) finish(*first_error);
+      };
+      bytes += static_cast<int64_t>(ins[i].bytes);
+      reqs.push_back(std::move(r));
+    }
+    reqs[0].group_size = static_cast<int32_t>(n);
+    reqs[0].group_bytes = bytes;
+    return reqs;
+  };
+  Request group;
+  group.name = base;
+  group.meta.type = OpType::kAllreduce;
+  group.meta.dtype = DataType::kFloat32;
+  group.shapes_hash = kerasdist::kShapeHashSeed;
+  int64_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t dim = static_cast<int64_t>(counts[i]);
+    group.shapes_hash = kerasdist::MixShape(group.shapes_hash, &dim, 1);
+    group.parts.push_back({ins[i].data(), outs[i].data(), counts[i]});
+    total += dim;
+  }
+  group.meta.shape = {total};
+  group.done = DoneInto(slot);
+  group.expand = members;
+  if (!e->TryDirect(&group)) e->EnqueueBatch(members());
+  ExpectOk(Wait(slot, base), base);
+  for (size_t i = 0; i < n; ++i) {
+    Buf want = MakeExpected(DataType::kFloat32, ReduceOp::kSum, counts[i], seed + i, size,
+                            std::vector<bool>(size, true));
+    ExpectEqual(base.c_str(), DataType::kFloat32, outs[i].data(), want.data(), counts[i]);
+  }
+}
+
 // The direct board (direct_board.h): two threads on two names, a late
-// peer, a tensor grown past the board, and a mismatch on the board.
+// peer, a tensor grown past the board, and a mismatch on the board; a
+// grouped allreduce, also grown past its place and past the board.
 void DirectRounds(kerasdist::Engine* e, int rank, int size) {
   const uint64_t before = e->direct_ops();
   std::thread other([&] {
@@ -124,6 +185,15 @@ void DirectRounds(kerasdist::Engine* e, int rank, int size) {
   ExpectMismatch(e, "direct.mm", Meta(OpType::kAllreduce, DataType::kFloat32, {4 + rank}),
                  (4 + rank) * 4, /*direct=*/true);
   DirectAllreduce(e, rank, size, "direct.mm", 4, 5);
+  const uint64_t groups_before = e->direct_ops();
+  for (int i = 0; i < 50; ++i) CheckedGroup(e, rank, size, "direct.g", {3, 100, 1}, 7 * i);
+  CheckedGroup(e, rank, size, "direct.g", {3, 900, 1}, 1);     // a larger place
+  CheckedGroup(e, rank, size, "direct.g", {3, 900, 1}, 2);
+  CheckedGroup(e, rank, size, "direct.g", {3, 300000, 1}, 3);  // past the board
+  CheckedGroup(e, rank, size, "direct.g", {3, 10, 1}, 4);
+  const uint64_t grouped = e->direct_ops() - groups_before;
+  KDT_CHECK(grouped >= 48 + 2, "only %llu grouped allreduces ran on the direct board",
+            static_cast<unsigned long long>(grouped));
 }
 
 void RunFaults(bool shm, int rank, int size) {

@@ -48,6 +48,7 @@ auto AddDirect(L* l, int32_t id, int32_t slot, int)
   l->direct.push_back(id);
   l->direct.push_back(slot);
   l->direct.push_back(64 * (1 + slot));  // capacity
+  l->direct.push_back(slot & 1);         // a group's slot
 }
 template <typename L>
 void AddDirect(L*, int32_t, int32_t, long) {}

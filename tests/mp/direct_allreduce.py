@@ -1,4 +1,5 @@
-"""Small cached allreduces on the direct board (KERASDIST_DIRECT_ALLREDUCE_BYTES).
+"""Small cached allreduces on the direct board (KERASDIST_DIRECT_ALLREDUCE_BYTES,
+and KERASDIST_DIRECT_GROUP_BYTES for grouped allreduces).
 
 A name moves to the board after it has completed through the coordinator,
 so every check below runs a name first through the engine and then on the
@@ -6,7 +7,8 @@ board, and compares the two bit for bit and with numpy. It also checks that
 the board was really used (the engine's counter of direct ops), and the
 board's own decisions: a shape every rank changes, a tensor every rank grows
 past the board (back through the engine), a mismatch (an error on every
-rank, after which the name still works), a late peer, and join().
+rank, after which the name still works), a late peer, and join(). The same
+for grouped allreduces, which move to the board as a whole.
 
 Modes "slow", "frozen", "deadlock": rank 1 is busy for 5 s, stops (SIGSTOP),
 or waits on a collective rank 0 never runs, while rank 0 waits for it on
@@ -31,6 +33,8 @@ DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64,
 OPS = [kd.Sum, kd.Average, kd.Min, kd.Max, kd.Product]
 # float32 elements that fit on the board.
 FIT = int(os.environ.get("KERASDIST_DIRECT_ALLREDUCE_BYTES", 65536)) // 4
+GROUP_FIT = int(os.environ.get("KERASDIST_DIRECT_GROUP_BYTES", 1 << 20)) // 4
+GROUP_SHAPES = [(5,), (2, 3), (37,), (1, 1, 4)]
 
 
 def direct_ops():
@@ -139,6 +143,7 @@ def check_late_peer(size, r):
 def check_join(size, r):
     for _ in range(3):  # on the board from the third
         kd.allreduce(tf.ones([6]), op=kd.Average, name="d.join")
+        kd.grouped_allreduce([tf.ones([2]), tf.ones([3])], op=kd.Average, name="d.join.group")
     # Ten times: one rank has three more batches, the others join; then every
     # rank again, at once (a rank still in join() when the others' next round
     # starts must not stand in for it).
@@ -150,10 +155,102 @@ def check_join(size, r):
                 np.testing.assert_array_equal(y.numpy(), np.full(6, i + 10, np.float32))
                 z = kd.allreduce(tf.fill([6], 2.0), op=kd.Sum, name="d.join.sum")
                 np.testing.assert_array_equal(z.numpy(), np.full(6, 2.0, np.float32))
+                g = kd.grouped_allreduce([tf.fill([2], float(i)), tf.fill([3], 4.0)],
+                                         op=kd.Average, name="d.join.group")
+                np.testing.assert_array_equal(g[0].numpy(), np.full(2, i, np.float32))
+                np.testing.assert_array_equal(g[1].numpy(), np.full(3, 4.0, np.float32))
         kd.join()
         for i in range(2):
             y = kd.allreduce(tf.fill([6], float(r + i)), op=kd.Average, name="d.join")
             np.testing.assert_array_equal(y.numpy(), np.full(6, (size - 1) / 2 + i, np.float32))
+
+
+def group_input(dtype, r, shapes=GROUP_SHAPES):
+    counts = [int(np.prod(s)) for s in shapes]
+    flat = rank_input(dtype, r, sum(counts))
+    return [tf.reshape(t, s) for t, s in zip(tf.split(flat, counts), shapes)]
+
+
+def check_groups(size, r):
+    """Grouped allreduces: engine first, then the board, bit for bit."""
+    before = direct_ops()
+    for dtype in DTYPES:
+        for op in OPS:
+            xs = group_input(dtype, r)
+            name = f"dg.{dtype.name}.{op}"
+            outs = [kd.grouped_allreduce(xs, op=op, name=name) for _ in range(4)]
+            for o in outs[1:]:
+                for a, b, s in zip(o, outs[0], GROUP_SHAPES):
+                    assert tuple(a.shape) == s, (name, a.shape, s)
+                    np.testing.assert_array_equal(a.numpy().view(np.uint8), b.numpy().view(np.uint8),
+                                                  err_msg=f"{name}: board differs from engine")
+            flat = [tf.cast(tf.concat([tf.reshape(t, [-1]) for t in group_input(dtype, k)], 0),
+                            tf.float64).numpy() for k in range(size)]
+            want = numpy_reduce(op, flat)
+            if dtype.is_integer and op == kd.Average:
+                want = np.trunc(want)
+            got = tf.cast(tf.concat([tf.reshape(t, [-1]) for t in outs[-1]], 0), tf.float64).numpy()
+            tol = 0.02 if dtype in (tf.float16, tf.bfloat16) else 1e-6
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=name)
+    used = direct_ops() - before
+    assert used >= 2 * len(DTYPES) * len(OPS), f"only {used} grouped ops ran on the board"
+
+    # Scales, and a group in a tf.function, chained.
+    for _ in range(4):
+        ys = kd.grouped_allreduce([tf.fill([3], float(r + 1)), tf.fill([2, 2], 1.0)], op=kd.Sum,
+                                  prescale_factor=0.5, postscale_factor=3.0, name="dg.scales")
+        np.testing.assert_allclose(ys[0].numpy(), np.full(3, 1.5 * size * (size + 1) / 2))
+        np.testing.assert_allclose(ys[1].numpy(), np.full((2, 2), 1.5 * size))
+
+    @tf.function
+    def chain(a, b, k):
+        def body(i, x, y):
+            x2, y2 = kd.grouped_allreduce([x + float(r), y - float(r)], op=kd.Average,
+                                          name="dg.chain")
+            return i + 1, x2, y2
+        return tf.while_loop(lambda i, x, y: i < k, body, (tf.constant(0), a, b))[1:]
+
+    before = direct_ops()
+    x, y = chain(tf.zeros([7]), tf.zeros([2, 50]), tf.constant(300))
+    np.testing.assert_array_equal(x.numpy(), np.full(7, 300 * (size - 1) / 2.0, np.float32))
+    np.testing.assert_array_equal(y.numpy(), np.full((2, 50), -300 * (size - 1) / 2.0, np.float32))
+    assert direct_ops() - before >= 290, direct_ops() - before
+
+    # Shapes: the same total split differently; more elements (a larger
+    # place after one round through the engine); past the limit (engine).
+    before = direct_ops()
+    plans = [[4, 6], [4, 6], [4, 6], [6, 4], [10], [3, 3, 4], [40, 2], [40, 2],
+             [GROUP_FIT, 8], [4, 6]]
+    for sizes in plans:
+        ys = kd.grouped_allreduce([tf.fill([n], float(r + 1)) for n in sizes], op=kd.Sum,
+                                  name="dg.shapes")
+        for n, t in zip(sizes, ys):
+            np.testing.assert_array_equal(t.numpy(), np.full(n, size * (size + 1) / 2, np.float32))
+    # On the board: the third [4, 6], [6, 4], [10] and [3, 3, 4] (the same
+    # total under the group's name), the second [40, 2] (the first outgrew
+    # the place and went through the engine), and the last [4, 6].
+    assert direct_ops() - before == 6, direct_ops() - before
+
+    # Mixed dtypes: through the engine, still exact.
+    for _ in range(3):
+        a, b = kd.grouped_allreduce([tf.fill([3], r + 1), tf.fill([2], float(r))], op=kd.Sum,
+                                    name="dg.mixed")
+        np.testing.assert_array_equal(a.numpy(), np.full(3, size * (size + 1) // 2, np.int32))
+        np.testing.assert_array_equal(b.numpy(), np.full(2, size * (size - 1) / 2, np.float32))
+
+    # A mismatch on the board fails on every rank; the next round is fine.
+    for _ in range(3):
+        kd.grouped_allreduce([tf.ones([4]), tf.ones([2])], name="dg.mm")
+    try:
+        kd.grouped_allreduce([tf.ones([4]), tf.ones([2 + (r == 0)])], name="dg.mm")
+        raise AssertionError("a grouped mismatch on the board did not fail")
+    except tf.errors.OpError as e:
+        msg = str(e)
+        assert "Mismatched allreduce for tensor 'dg.mm'" in msg, msg
+        assert "a group of 2 tensors" in msg, msg
+    ys = kd.grouped_allreduce([tf.fill([4], float(r)), tf.fill([2], 1.0)], name="dg.mm")
+    np.testing.assert_array_equal(ys[0].numpy(), np.full(4, (size - 1) / 2, np.float32))
+    np.testing.assert_array_equal(ys[1].numpy(), np.full(2, 1.0, np.float32))
 
 
 def run_checks():
@@ -165,6 +262,7 @@ def run_checks():
     check_mismatch(size, r)
     check_late_peer(size, r)
     check_join(size, r)
+    check_groups(size, r)
     log("direct board checks passed")
 
 

@@ -1,5 +1,6 @@
 """Settings that shape the wire must agree: a rank started with another
-KERASDIST_SEGMENT_BYTES (and KERASDIST_SMALL_ALLREDUCE_BYTES, KERASDIST_FUSION_TENSOR_LIMIT) makes init() fail on every rank, naming the setting
+KERASDIST_SEGMENT_BYTES (and KERASDIST_SMALL_ALLREDUCE_BYTES, KERASDIST_FUSION_TENSOR_LIMIT,
+KERASDIST_DIRECT_GROUP_BYTES) makes init() fail on every rank, naming the setting
 and the rank. The topology queries come from the same setup exchange."""
 
 import os
@@ -13,6 +14,7 @@ if sys.argv[1] == "mismatch" and world.Get_rank() == world.Get_size() - 1:
     os.environ["KERASDIST_SEGMENT_BYTES"] = "65536"
     os.environ["KERASDIST_SMALL_ALLREDUCE_BYTES"] = "0"
     os.environ["KERASDIST_FUSION_TENSOR_LIMIT"] = "0"
+    os.environ["KERASDIST_DIRECT_GROUP_BYTES"] = "4096"
 
 import kerasdist as kd  # noqa: E402
 
@@ -26,6 +28,7 @@ if sys.argv[1] == "mismatch":
         assert "KERASDIST_SEGMENT_BYTES is 262144 on rank 0 but 65536 on rank " + str(last) in msg, msg
         assert "KERASDIST_SMALL_ALLREDUCE_BYTES is 32768 on rank 0 but 0 on rank " + str(last) in msg, msg
         assert "KERASDIST_FUSION_TENSOR_LIMIT is 1048576 on rank 0 but 0 on rank " + str(last) in msg, msg
+        assert "KERASDIST_DIRECT_GROUP_BYTES is 1048576 on rank 0 but 4096 on rank " + str(last) in msg, msg
         print(f"[rank {r}] init refused: {msg}", flush=True)
         sys.exit(0)
     print(f"[rank {r}] FAILED: init() accepted differing settings", flush=True)

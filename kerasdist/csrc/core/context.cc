@@ -36,11 +36,13 @@ Status StartEngine(MPI_Comm comm, const EngineConfig& config, int64_t init_timeo
   wire.hierarchical = config.hierarchical;
   wire.small_allreduce_bytes = static_cast<int64_t>(config.collective.small_allreduce_bytes);
   wire.direct_allreduce_bytes = config.direct_allreduce_bytes;
+  wire.direct_group_bytes = config.direct_group_bytes;
   s = ExchangeSetup(mpi.get(), wire, init_timeout_ms, topology);
   if (!s.ok()) return s;
   // Small allreduces skip the coordinator where every rank shares /dev/shm.
   std::unique_ptr<DirectBoard> board;
-  if (config.direct_allreduce_bytes > 0 && topology->size > 1 &&
+  if ((config.direct_allreduce_bytes > 0 || config.direct_group_bytes > 0) &&
+      topology->size > 1 &&
       topology->local_size == topology->size) {
     s = DirectBoard::Create(mpi.get(), config.shared_memory, init_timeout_ms, &board);
     if (!s.ok()) return s;

@@ -42,6 +42,7 @@ struct alignas(64) PostHeader {
   uint32_t kind;
   uint32_t epoch;  // joins the poster had completed
   int32_t dtype, reduce_op, ndim;  // ndim: the full rank; dims hold 8
+  int32_t parts;  // a grouped allreduce: its tensors (dims: their total)
   int64_t count;
   double prescale, postscale;
   int64_t dims[kMaxDims];
@@ -54,15 +55,93 @@ constexpr size_t kPostHeaderBytes = (sizeof(PostHeader) + 63) / 64 * 64;
 PostHeader* HeaderOf(char* post) { return reinterpret_cast<PostHeader*>(post); }
 char* DataOf(char* post) { return post + kPostHeaderBytes; }
 
-uint64_t HashShape(const std::vector<int64_t>& shape) {
-  uint64_t h = 1469598103934665603ULL;
-  for (int64_t d : shape) h = (h ^ static_cast<uint64_t>(d)) * 1099511628211ULL;
-  return h;
+// Where a round's result goes: the output of a single allreduce, or each
+// tensor of a group in turn.
+struct Segment {
+  char* out;
+  size_t count;
+};
+
+std::vector<Segment> SegmentsOf(const Request& r) {
+  std::vector<Segment> segs;
+  if (r.parts.empty()) {
+    size_t count = 1;
+    for (int64_t d : r.meta.shape) count *= static_cast<size_t>(d);
+    segs.push_back({static_cast<char*>(r.output), count});
+  }
+  for (const Request::Part& p : r.parts) segs.push_back({static_cast<char*>(p.output), p.count});
+  return segs;
+}
+
+// Reduces the posts of one round, in rank order, into `segs` (the data of
+// the posts, back to back), as the engine's allreduce does (engine_ops.cc):
+// small integer averages accumulate in a wider type, float16 averages
+// divide before summing, joined ranks contribute zeros. `posts[p]` is
+// rank p's; at least one holds data.
+void ReducePosts(const std::vector<PostHeader*>& posts, int contributors,
+                 const std::vector<Segment>& segs) {
+  const PostHeader* ref = nullptr;
+  for (const PostHeader* h : posts)
+    if (!ref && h->kind == kData) ref = h;
+  auto data = [](const PostHeader* h) {
+    return DataOf(reinterpret_cast<char*>(const_cast<PostHeader*>(h)));
+  };
+  const DataType dtype = static_cast<DataType>(ref->dtype);
+  const ReduceOp reduce_op = static_cast<ReduceOp>(ref->reduce_op);
+  const size_t count = static_cast<size_t>(ref->count), esize = DataTypeSize(dtype);
+  const DataType acc = AccumulationType(dtype, reduce_op);
+  double prescale = ref->prescale;
+  ReduceOp finalize_op = reduce_op;
+  if (dtype == DataType::kFloat16 && reduce_op == ReduceOp::kAverage) {
+    prescale /= contributors;
+    finalize_op = ReduceOp::kSum;
+  }
+  const size_t n = posts.size();
+  if (acc == dtype && prescale == 1.0 && contributors == static_cast<int>(n) && n >= 2) {
+    // Straight from the posts into the outputs, one pass per segment.
+    size_t offset = 0;
+    for (const Segment& seg : segs) {
+      const size_t at = offset * esize;
+      ReduceFrom(seg.out, data(posts[0]) + at, data(posts[1]) + at, seg.count, dtype, reduce_op);
+      for (size_t p = 2; p < n; ++p)
+        ReduceInto(seg.out, data(posts[p]) + at, seg.count, dtype, reduce_op);
+      Finalize(seg.out, seg.count, dtype, finalize_op, contributors, ref->postscale);
+      offset += seg.count;
+    }
+    return;
+  }
+  const size_t acc_bytes = count * DataTypeSize(acc);
+  thread_local std::vector<char> sum, term;
+  if (sum.size() < acc_bytes) sum.resize(acc_bytes);
+  if (term.size() < acc_bytes) term.resize(acc_bytes);
+  for (size_t p = 0; p < n; ++p) {
+    char* dst = p == 0 ? sum.data() : term.data();
+    if (posts[p]->kind == kJoined) {
+      std::memset(dst, 0, acc_bytes);  // a joined rank contributes zeros
+    } else if (acc != dtype) {
+      ConvertInteger(dst, acc, data(posts[p]), dtype, count);
+      ScaleInPlace(dst, count, acc, prescale);
+    } else {
+      CopyScaled(dst, data(posts[p]), count, dtype, prescale);
+    }
+    if (p > 0) ReduceInto(sum.data(), term.data(), count, acc, reduce_op);
+  }
+  Finalize(sum.data(), count, acc, finalize_op, contributors, ref->postscale);
+  size_t offset = 0;
+  for (const Segment& seg : segs) {
+    const char* from = sum.data() + offset * DataTypeSize(acc);
+    if (acc != dtype) {
+      ConvertInteger(seg.out, dtype, from, acc, seg.count);
+    } else if (seg.count) {
+      std::memcpy(seg.out, from, seg.count * esize);
+    }
+    offset += seg.count;
+  }
 }
 
 bool SameMeta(const PostHeader* a, const PostHeader* b) {
   return a->dtype == b->dtype && a->reduce_op == b->reduce_op && a->ndim == b->ndim &&
-         a->count == b->count && a->shape_hash == b->shape_hash &&
+         a->parts == b->parts && a->count == b->count && a->shape_hash == b->shape_hash &&
          a->prescale == b->prescale && a->postscale == b->postscale;
 }
 
@@ -76,6 +155,9 @@ std::string DescribePost(const PostHeader* h) {
   m.postscale = h->postscale;
   for (int i = 0; i < h->ndim && i < kMaxDims; ++i) m.shape.push_back(h->dims[i]);
   std::string s = m.Describe();
+  if (h->parts > 0)
+    return "a group of " + std::to_string(h->parts) + " tensors, " + s + " in all (their shapes hash to " +
+           std::to_string(h->shape_hash % 100000) + ")";
   if (h->ndim > kMaxDims) s += " (first 8 of " + std::to_string(h->ndim) + " dimensions)";
   return s;
 }
@@ -188,27 +270,36 @@ DirectBoard::RankState DirectBoard::State(int rank) const {
   return out;
 }
 
-bool DirectBoard::Has(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return by_name_.count(name) != 0;
+std::string DirectBoard::GroupName(const std::string& first) {
+  const size_t n = first.size();
+  return n >= 2 && first.compare(n - 2, 2, ".0") == 0 ? first.substr(0, n - 2) : "";
 }
 
-bool DirectBoard::Assign(int slot, const std::string& name, size_t capacity) {
+bool DirectBoard::Has(const std::string& name, bool group) {
   std::lock_guard<std::mutex> lock(mu_);
+  return group ? by_group_.count(GroupName(name)) != 0 : by_name_.count(name) != 0;
+}
+
+bool DirectBoard::Assign(int slot, const std::string& first, size_t capacity, bool group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& names = group ? by_group_ : by_name_;
+  const std::string name = group ? GroupName(first) : first;
+  if (group && name.empty()) return false;
   const size_t need = SlotBytes(capacity);
   if (slot != static_cast<int>(slots_.size()) || slot >= kMaxSlots ||
       capacity > kArenaBytes || arena_used_ + need > kArenaBytes)
     return false;
-  auto old = by_name_.find(name);
-  if (old != by_name_.end() && slots_[old->second].busy) return false;
+  auto old = names.find(name);
+  if (old != names.end() && slots_[old->second].busy) return false;
   Slot s;
   s.name = name;
   s.offset = arena_used_;
   s.capacity = capacity;
+  s.group = group;
   // slots_ may reallocate: kernels reach a slot only under mu_, by index.
   slots_.push_back(std::move(s));
   arena_used_ += need;
-  by_name_[name] = slot;
+  names[name] = slot;
   return true;
 }
 
@@ -220,20 +311,32 @@ void DirectBoard::Publish(size_t offset, size_t capacity, uint64_t round,
   if (!request) {
     h->kind = kJoined;
   } else {
+    // A group's request describes all its tensors as one vector of their
+    // total size (ops.cc); the hash covers each tensor's own shape.
     const TensorMeta& m = request->meta;
     int64_t count = 1;
     for (int64_t d : m.shape) count *= d;
     h->dtype = static_cast<int32_t>(m.dtype);
     h->reduce_op = static_cast<int32_t>(m.reduce_op);
     h->ndim = static_cast<int32_t>(m.shape.size());
+    h->parts = static_cast<int32_t>(request->parts.size());
     for (size_t i = 0; i < m.shape.size() && i < kMaxDims; ++i) h->dims[i] = m.shape[i];
-    h->shape_hash = HashShape(m.shape);
+    h->shape_hash = request->parts.empty()
+                        ? MixShape(kShapeHashSeed, m.shape.data(), m.shape.size())
+                        : request->shapes_hash;
     h->count = count;
     h->prescale = m.prescale;
     h->postscale = m.postscale;
-    const size_t bytes = static_cast<size_t>(count) * DataTypeSize(m.dtype);
+    const size_t esize = DataTypeSize(m.dtype);
+    const size_t bytes = static_cast<size_t>(count) * esize;
     if (bytes <= capacity) {
-      if (bytes) std::memcpy(DataOf(post), request->input, bytes);
+      char* data = DataOf(post);
+      if (request->parts.empty() && bytes) std::memcpy(data, request->input, bytes);
+      for (const Request::Part& part : request->parts) {
+        const size_t n = part.count * esize;
+        if (n) std::memcpy(data, part.input, n);
+        data += n;
+      }
       h->kind = kData;
     } else {
       h->kind = kOversize;
@@ -245,8 +348,9 @@ void DirectBoard::Publish(size_t offset, size_t capacity, uint64_t round,
 DirectBoard::Begun DirectBoard::Begin(Request* request, Op* op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = by_name_.find(request->name);
-    if (it == by_name_.end()) return Begun::kNotDirect;
+    const auto& names = request->parts.empty() ? by_name_ : by_group_;
+    auto it = names.find(request->name);
+    if (it == names.end()) return Begun::kNotDirect;
     Slot& s = slots_[it->second];
     if (s.busy) return Begun::kInFlight;
     s.busy = true;
@@ -287,40 +391,7 @@ bool DirectBoard::Poll(Op* op, Status* status, bool* fallback) {
   } else if (ref->kind == kOversize) {
     *fallback = true;
   } else {
-    // As the engine's allreduce does (engine_ops.cc): small integer averages
-    // accumulate in a wider type; float16 averages divide before summing.
-    const DataType dtype = static_cast<DataType>(ref->dtype);
-    const ReduceOp reduce_op = static_cast<ReduceOp>(ref->reduce_op);
-    const size_t count = static_cast<size_t>(ref->count);
-    const DataType acc = AccumulationType(dtype, reduce_op);
-    const size_t acc_bytes = count * DataTypeSize(acc);
-    double prescale = ref->prescale;
-    ReduceOp finalize_op = reduce_op;
-    if (dtype == DataType::kFloat16 && reduce_op == ReduceOp::kAverage) {
-      prescale /= contributors;
-      finalize_op = ReduceOp::kSum;
-    }
-    thread_local std::vector<char> sum, term;
-    if (sum.size() < acc_bytes) sum.resize(acc_bytes);
-    if (term.size() < acc_bytes) term.resize(acc_bytes);
-    for (int p = 0; p < size_; ++p) {
-      char* dst = p == 0 ? sum.data() : term.data();
-      if (posts[p]->kind == kJoined) {
-        std::memset(dst, 0, acc_bytes);  // a joined rank contributes zeros
-      } else if (acc != dtype) {
-        ConvertInteger(dst, acc, DataOf(reinterpret_cast<char*>(posts[p])), dtype, count);
-        ScaleInPlace(dst, count, acc, prescale);
-      } else {
-        CopyScaled(dst, DataOf(reinterpret_cast<char*>(posts[p])), count, dtype, prescale);
-      }
-      if (p > 0) ReduceInto(sum.data(), term.data(), count, acc, reduce_op);
-    }
-    Finalize(sum.data(), count, acc, finalize_op, contributors, ref->postscale);
-    if (acc != dtype) {
-      ConvertInteger(op->request.output, dtype, sum.data(), acc, count);
-    } else if (count) {
-      std::memcpy(op->request.output, sum.data(), acc_bytes);
-    }
+    ReducePosts(posts, contributors, SegmentsOf(op->request));
   }
   std::lock_guard<std::mutex> lock(mu_);
   slots_[op->slot].busy = false;

@@ -20,6 +20,9 @@
 //     carry the number of joins their rank has completed, so that a rank
 //     that has not yet heard that a join is over never stands in for a round
 //     that starts after it.
+// A grouped allreduce whose tensors share a dtype is one entity on the
+// board: one slot for the group, its tensors posted back to back, one round
+// per call.
 // A rank writes round r + 1 into the other half of the slot from round r,
 // and it can only reach round r + 1 once every rank has posted round r, so
 // every rank has finished reading round r - 1: two halves suffice.
@@ -55,17 +58,21 @@ class DirectBoard {
 
   // Arena bytes a slot for tensors of up to `capacity` bytes takes.
   size_t SlotBytes(size_t capacity) const;
-  bool Has(const std::string& name);
+  // `group`: the slot of a grouped allreduce, named by its first tensor
+  // ("<name>.0"); the group's request carries "<name>" (GroupName).
+  bool Has(const std::string& name, bool group);
+  static std::string GroupName(const std::string& first);
   // Engine thread, in response order on every rank: `name` uses `slot`
   // (the next one: slots are numbered in order), for tensors of up to
   // `capacity` bytes, in place of any slot it had. False if that breaks the
   // order, the arena is full or the old slot is in use (a corrupt stream).
-  bool Assign(int slot, const std::string& name, size_t capacity);
+  bool Assign(int slot, const std::string& name, size_t capacity, bool group);
 
   using Op = DirectOp;  // one execution of a request on the board
   enum class Begun { kNotDirect, kInFlight, kPosted };
   // Kernel threads. kPosted: the request moved into *op and its input is
-  // posted. kNotDirect: the request is untouched.
+  // posted. kNotDirect: the request is untouched. A request with `parts`
+  // is a grouped allreduce.
   Begun Begin(Request* request, Op* op);
   // Whether every rank has posted op's round. If so, finishes the op: on
   // success the result is in the request's output; *fallback is set when
@@ -103,6 +110,7 @@ class DirectBoard {
     size_t offset = 0, capacity = 0;  // in the arena; bytes of one post's data
     uint64_t round = 0;  // the last round this rank posted
     bool busy = false;
+    bool group = false;
   };
   DirectBoard() = default;
   // Rank `rank`'s post of `round` in the slot at `offset` (capacity bytes).
@@ -119,7 +127,7 @@ class DirectBoard {
   bool beat_waiting_ = false;
   std::mutex mu_;
   std::vector<Slot> slots_;
-  std::unordered_map<std::string, int> by_name_;
+  std::unordered_map<std::string, int> by_name_, by_group_;
 };
 
 }  // namespace kerasdist

@@ -48,6 +48,8 @@ struct EngineConfig {
   // Allreduces up to this many bytes skip the coordinator once cached, when
   // every rank runs on this host (direct_board.h); 0 turns that off.
   int64_t direct_allreduce_bytes = 65536;
+  // The same for a grouped allreduce of one dtype, by its total bytes.
+  int64_t direct_group_bytes = 1 << 20;
 };
 
 // Allocates the output once its shape is known (allgather), on the engine
@@ -68,7 +70,34 @@ struct Request {
   DoneFn done;
   int64_t enqueue_us = 0;
   bool direct_ok = false;  // a single allreduce kernel: may use the direct board
+  // Member 0 of a grouped allreduce whose tensors share one dtype: the
+  // group's size and total bytes, so that rank 0 can give the whole group
+  // one place on the direct board (AnnounceDirect).
+  int32_t group_size = 0;
+  int64_t group_bytes = 0;
+  // A grouped allreduce of one dtype run on the direct board as one request
+  // (its own input and output stay unset; meta.shape is its total element
+  // count): each tensor's buffers and element count, in order, a hash of
+  // all their shapes (MixShape), and how to make the tensors' own requests
+  // if the group must go through the engine instead.
+  struct Part {
+    const void* input;
+    void* output;
+    size_t count;
+  };
+  std::vector<Part> parts;
+  uint64_t shapes_hash = 0;
+  std::function<std::vector<Request>()> expand;
 };
+
+// Folds a shape into a hash (FNV-1a over its rank and dimensions); start
+// from kShapeHashSeed.
+constexpr uint64_t kShapeHashSeed = 1469598103934665603ULL;
+inline uint64_t MixShape(uint64_t h, const int64_t* dims, size_t ndim) {
+  h = (h ^ ndim) * 1099511628211ULL;
+  for (size_t i = 0; i < ndim; ++i) h = (h ^ static_cast<uint64_t>(dims[i])) * 1099511628211ULL;
+  return h;
+}
 
 // One execution of an allreduce on the direct board (direct_board.h).
 struct DirectOp {
@@ -94,8 +123,8 @@ class Engine {
   // Before Start(): the board this engine's small allreduces may use.
   void SetBoard(std::unique_ptr<DirectBoard> board);
   void Start();
-  // Kernels: runs a single allreduce on the direct board if its name has a
-  // slot there. Returns false, leaving *request untouched, if not (enqueue
+  // Kernels: runs a single allreduce, or a grouped one (`parts` set), on
+  // the direct board if its name has a slot there. Returns false, leaving *request untouched, if not (enqueue
   // it). Otherwise its `done` runs exactly once: on this thread if every
   // rank posts within the spin, else on the engine thread.
   bool TryDirect(Request* request);

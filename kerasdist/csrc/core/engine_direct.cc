@@ -78,7 +78,11 @@ bool Engine::FinishDirect(DirectOp* op) {
   if (fallback) {
     // Every rank found the tensor too large for the board this round: every
     // rank runs this round through the coordinator.
-    Enqueue(std::move(op->request));
+    if (op->request.parts.empty()) {
+      Enqueue(std::move(op->request));
+    } else {
+      EnqueueBatch(op->request.expand());
+    }
   } else {
     if (s.ok()) direct_ops_.fetch_add(1, std::memory_order_relaxed);
     op->request.done(s);
@@ -184,25 +188,34 @@ void Engine::AnnounceDirect(ResponseList* plan) {
       continue;
     for (size_t i = 0; i < resp.ids.size(); ++i) {
       const int32_t id = resp.ids[i];
-      const size_t bytes = static_cast<size_t>(resp.counts[i]) * DataTypeSize(resp.dtype);
-      if (bytes > static_cast<size_t>(config_.direct_allreduce_bytes)) continue;
       // A name whose id is known here has completed before: it is cached.
       if (static_cast<size_t>(id) >= id_names_.size() || id_names_[id].empty()) continue;
       const std::string& name = id_names_[id];
       auto it = inflight_.find(name);
-      if (it == inflight_.end() || !it->second.direct_ok) continue;
+      if (it == inflight_.end()) continue;
+      // A grouped allreduce of one dtype moves as a whole, named by its
+      // first tensor, once that one is cached.
+      const bool group = it->second.group_size > 0;
+      if (!group && !it->second.direct_ok) continue;
+      const size_t bytes =
+          group ? static_cast<size_t>(it->second.group_bytes)
+                : static_cast<size_t>(resp.counts[i]) * DataTypeSize(resp.dtype);
+      const int64_t limit = group ? config_.direct_group_bytes : config_.direct_allreduce_bytes;
+      if (bytes > static_cast<size_t>(limit)) continue;
       // A name already on the board comes here when it outgrew its slot: it
       // gets a larger one (the old one's arena bytes stay used).
       auto hit = cache_.find(name);
-      if (!board_->Has(name) && (hit == cache_.end() || hit->second.first != id)) continue;
+      if (!board_->Has(name, group) && (hit == cache_.end() || hit->second.first != id))
+        continue;
       const size_t capacity = std::max<size_t>(64, (bytes + 63) / 64 * 64);
       const size_t need = board_->SlotBytes(capacity);
-      if (next_direct_slot_ >= DirectBoard::kMaxSlots ||
-          direct_planned_bytes_ + need > DirectBoard::kArenaBytes)
-        return;  // the board is full: the rest stays with the coordinator
+      if (next_direct_slot_ >= DirectBoard::kMaxSlots) return;  // the rest stays
+      // with the coordinator, as does a tensor that no longer fits the arena.
+      if (direct_planned_bytes_ + need > DirectBoard::kArenaBytes) continue;
       plan->direct.push_back(id);
       plan->direct.push_back(next_direct_slot_++);
       plan->direct.push_back(static_cast<int32_t>(capacity));
+      plan->direct.push_back(group ? 1 : 0);
       direct_planned_bytes_ += need;
     }
   }

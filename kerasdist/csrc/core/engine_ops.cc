@@ -46,11 +46,11 @@ bool Engine::Execute(const ResponseList& list, Status* exit_status) {
     if (static_cast<size_t>(p.first) >= id_names_.size()) id_names_.resize(p.first + 1);
     id_names_[p.first] = p.second;
   }
-  for (size_t i = 0; i + 2 < list.direct.size(); i += 3) {
+  for (size_t i = 0; i + 3 < list.direct.size(); i += 4) {
     const int32_t id = list.direct[i];
     if (!board_ || static_cast<size_t>(id) >= id_names_.size() || id_names_[id].empty() ||
         !board_->Assign(list.direct[i + 1], id_names_[id],
-                        static_cast<size_t>(list.direct[i + 2]))) {
+                        static_cast<size_t>(list.direct[i + 2]), list.direct[i + 3] != 0)) {
       *exit_status = Status(StatusCode::kAborted,
                             Prefix() + "corrupt response from rank 0 (a direct-board slot "
                                        "for an unknown tensor or a taken slot); stopping");

@@ -237,10 +237,11 @@ bool Parse(const std::string& bytes, ResponseList* list) {
   if (!r.GetVector(&list->evicted)) return false;
   for (int32_t id : list->evicted)
     if (id < 0 || id >= kMaxTensorId) return false;
-  if (!r.GetVector(&list->direct) || list->direct.size() % 3) return false;
-  for (size_t i = 0; i < list->direct.size(); i += 3)
+  if (!r.GetVector(&list->direct) || list->direct.size() % 4) return false;
+  for (size_t i = 0; i < list->direct.size(); i += 4)
     if (list->direct[i] < 0 || list->direct[i] >= kMaxTensorId || list->direct[i + 1] < 0 ||
-        list->direct[i + 1] >= (1 << 16) || list->direct[i + 2] < 0)
+        list->direct[i + 1] >= (1 << 16) || list->direct[i + 2] < 0 ||
+        (list->direct[i + 3] != 0 && list->direct[i + 3] != 1))
       return false;
   return r.done();
 }

@@ -82,9 +82,10 @@ struct ResponseList {
   // Cache ids evicted after this list's responses: each rank forgets them
   // (and says so through RequestList::seen) before the id can be reused.
   std::vector<int32_t> evicted;
-  // Triples (tensor id, slot, capacity in bytes): these allreduces use the
-  // direct board from their next execution on (direct_board.h). Applied
-  // before the responses.
+  // Quadruples (tensor id, slot, capacity in bytes, group): these
+  // allreduces use the direct board from their next execution on
+  // (direct_board.h); group 1: the grouped allreduce whose first tensor has
+  // that id. Applied before the responses.
   std::vector<int32_t> direct;
   bool shutdown = false;
   bool abort = false;

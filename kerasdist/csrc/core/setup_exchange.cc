@@ -22,6 +22,7 @@ struct Record {
   int64_t cycle_time_us;
   int64_t small_allreduce_bytes;
   int64_t direct_allreduce_bytes;
+  int64_t direct_group_bytes;
   int32_t hierarchical;
   char host[128];
 };
@@ -66,6 +67,7 @@ Status ExchangeSetup(MpiTransport* mpi, const WireSettings& mine,
   rec.cycle_time_us = mine.cycle_time_us;
   rec.small_allreduce_bytes = mine.small_allreduce_bytes;
   rec.direct_allreduce_bytes = mine.direct_allreduce_bytes;
+  rec.direct_group_bytes = mine.direct_group_bytes;
   rec.hierarchical = mine.hierarchical;
   if (gethostname(rec.host, sizeof(rec.host) - 1) != 0) std::strcpy(rec.host, "unknown");
   const int n = mpi->size();
@@ -97,6 +99,8 @@ Status ExchangeSetup(MpiTransport* mpi, const WireSettings& mine,
                    [](const Record& x) { return x.small_allreduce_bytes; }, &diff);
   Compare<int64_t>(all, "KERASDIST_DIRECT_ALLREDUCE_BYTES",
                    [](const Record& x) { return x.direct_allreduce_bytes; }, &diff);
+  Compare<int64_t>(all, "KERASDIST_DIRECT_GROUP_BYTES",
+                   [](const Record& x) { return x.direct_group_bytes; }, &diff);
   Compare<int32_t>(all, "KERASDIST_HIERARCHICAL_ALLREDUCE",
                    [](const Record& x) { return x.hierarchical; }, &diff);
   if (!diff.empty()) {

@@ -17,7 +17,7 @@
 namespace kerasdist {
 
 // Bumped whenever the control messages or the data path change shape.
-constexpr int32_t kProtocolVersion = 9;
+constexpr int32_t kProtocolVersion = 10;
 
 struct WireSettings {
   std::string version;           // the Python package's version
@@ -27,6 +27,7 @@ struct WireSettings {
   int64_t cycle_time_us = 0;
   int64_t small_allreduce_bytes = 0;
   int64_t direct_allreduce_bytes = 0;
+  int64_t direct_group_bytes = 0;
   int32_t hierarchical = 0;      // the allreduce algorithm chosen (0 flat)
 };
 

@@ -38,8 +38,8 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
                    const char* version, long long deadlock_us, int hierarchical,
                    long long cache_capacity, long long small_allreduce_bytes,
                    long long fusion_tensor_limit, long long spin_us,
-                   long long direct_allreduce_bytes, char* err,
-                   int err_len) {
+                   long long direct_allreduce_bytes, long long direct_group_bytes,
+                   char* err, int err_len) {
   std::lock_guard<std::mutex> lock(kerasdist::g_mu);
   if (*kerasdist::g_context) return 0;  // init() twice is harmless
   EngineConfig config;
@@ -59,6 +59,7 @@ int kerasdist_init(int fortran_comm, long long fusion_threshold,
   config.collective.small_allreduce_bytes = static_cast<size_t>(small_allreduce_bytes);
   config.spin_us = spin_us;
   config.direct_allreduce_bytes = direct_allreduce_bytes;
+  config.direct_group_bytes = direct_group_bytes;
   std::unique_ptr<Context> ctx;
   kerasdist::Status s =
       Context::Create(MPI_Comm_f2c(fortran_comm), config, init_timeout_ms, &ctx);

@@ -88,15 +88,16 @@ class CollectiveKernel : public AsyncOpKernel {
     };
   }
   bool InputMeta(OpKernelContext* ctx, TensorMeta* meta, int i = 0) {
-    const Tensor& in = ctx->input(i);
-    if (!ToDataType(in.dtype(), &meta->dtype)) {
-      ctx->SetStatus(errors::InvalidArgument(
-          "Unsupported dtype for a kerasdist collective: ",
-          tensorflow::DataTypeString(in.dtype())));
-      return false;
-    }
-    meta->shape = Dims(in.shape());
+    if (!InputDtype(ctx, i, &meta->dtype)) return false;
+    meta->shape = Dims(ctx->input(i).shape());
     return true;
+  }
+  bool InputDtype(OpKernelContext* ctx, int i, DataType* dtype) {
+    const Tensor& in = ctx->input(i);
+    if (ToDataType(in.dtype(), dtype)) return true;
+    ctx->SetStatus(errors::InvalidArgument("Unsupported dtype for a kerasdist collective: ",
+                                           tensorflow::DataTypeString(in.dtype())));
+    return false;
   }
 
   std::string tensor_name_;
@@ -123,19 +124,23 @@ class ReduceKernel : public CollectiveKernel {
     r->meta.reduce_op = static_cast<ReduceOp>(reduce_op_);
     r->meta.prescale = prescale_;
     r->meta.postscale = postscale_;
-    const Tensor& in = ctx->input(i);
+    r->input = ctx->input(i).tensor_data().data();
+    return BindOutput(ctx, i, &r->output);
+  }
+  // Binds output i to input i's buffer when TensorFlow allows, else to a
+  // new one; sets *output to it. On failure sets ctx's status.
+  bool BindOutput(OpKernelContext* ctx, int i, void** output) {
     Tensor* out = nullptr;
-    tensorflow::Status s = ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out);
+    tensorflow::Status s =
+        ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out);
     if (!s.ok()) {
       ctx->SetStatus(s);
       return false;
     }
-    r->input = in.tensor_data().data();
-    r->output = const_cast<char*>(out->tensor_data().data());
+    *output = const_cast<char*>(out->tensor_data().data());
     return true;
   }
 
- private:
   int reduce_op_;
   float prescale_, postscale_;
 };
@@ -159,7 +164,9 @@ class AllreduceOp : public ReduceKernel {
 
 // N tensors in one kernel: all N requests reach the engine together, so the
 // engine fuses them even when the op runs eagerly. Tensor i is named
-// "<name>.<i>"; the kernel completes when every one of them has.
+// "<name>.<i>"; the kernel completes when every one of them has. A group
+// whose tensors share a dtype can also run on the direct board as a whole
+// (direct_board.h), as one request that lists the tensors' buffers.
 class GroupedAllreduceOp : public ReduceKernel {
  public:
   using ReduceKernel::ReduceKernel;
@@ -168,27 +175,74 @@ class GroupedAllreduceOp : public ReduceKernel {
     if (!live) return done();
     const int n = ctx->num_inputs();
     const std::string base = tensor_name_.empty() ? name() : tensor_name_;
-    std::vector<Request> reqs;
-    reqs.reserve(n);
+    // Tensor 0's description stands for the group's (dtype, op, scales).
+    Request group;
+    if (!BindInput(ctx, 0, &group)) return done();
+    group.parts.reserve(n);
+    group.shapes_hash = kShapeHashSeed;
+    bool one_dtype = true;
+    int64_t elements = 0;
+    for (int i = 0; i < n; ++i) {
+      const Tensor& in = ctx->input(i);
+      void* out = group.output;
+      if (i > 0) {
+        DataType dtype;
+        if (!InputDtype(ctx, i, &dtype) || !BindOutput(ctx, i, &out)) return done();
+        one_dtype = one_dtype && dtype == group.meta.dtype;
+      }
+      const auto dims = in.shape().dim_sizes();
+      group.shapes_hash = MixShape(group.shapes_hash, dims.data(), dims.size());
+      group.parts.push_back({in.tensor_data().data(), out, static_cast<size_t>(in.NumElements())});
+      elements += in.NumElements();
+    }
+    group.input = group.output = nullptr;
+    group.meta.shape = {elements};
+    if (one_dtype) {
+      group.name = base;
+      group.done = Completion(ctx, done);
+      group.expand = [this, ctx, base, done] { return Members(ctx, base, done, true); };
+      if (live->TryDirect(&group)) return;
+    }
+    // Not on the board (yet): every tensor goes to the engine.
+    const InlineWait wait = Handoff(*live);
+    live->EnqueueBatch(Members(ctx, base, Finisher(wait, done), one_dtype));
+    WaitInline(*live, wait, n, done);
+  }
+
+ private:
+  // The requests of the op's tensors, bound to the outputs ComputeAsync
+  // made; the last to complete calls `finish`. `one_dtype`: member 0 tells
+  // rank 0 the group's size and bytes, so that it can move to the board.
+  std::vector<Request> Members(OpKernelContext* ctx, const std::string& base,
+                               const DoneCallback& finish, bool one_dtype) {
+    const int n = ctx->num_inputs();
     // Every request's callback runs on one thread (the engine's, or this one
     // if the engine has stopped), so the counter only needs to be atomic for
     // the hand-off back to TensorFlow.
     auto remaining = std::make_shared<std::atomic<int>>(n);
-    const InlineWait wait = Handoff(*live);
-    const DoneCallback finish = Finisher(wait, done);
+    std::vector<Request> reqs(n);
+    int64_t bytes = 0;
     for (int i = 0; i < n; ++i) {
-      Request r;
+      Request& r = reqs[i];
       r.name = base + "." + std::to_string(i);
       r.meta.type = OpType::kAllreduce;
-      if (!BindInput(ctx, i, &r)) return done();
+      InputMeta(ctx, &r.meta, i);  // checked in ComputeAsync
+      r.meta.reduce_op = static_cast<ReduceOp>(reduce_op_);
+      r.meta.prescale = prescale_;
+      r.meta.postscale = postscale_;
+      r.input = ctx->input(i).tensor_data().data();
+      r.output = const_cast<char*>(ctx->mutable_output(i)->tensor_data().data());
+      bytes += static_cast<int64_t>(ctx->input(i).tensor_data().size());
       r.done = [ctx, finish, remaining](const Status& s) {
         if (!s.ok()) ctx->SetStatus(ToTfStatus(s));
         if (remaining->fetch_sub(1) == 1) finish();
       };
-      reqs.push_back(std::move(r));
     }
-    live->EnqueueBatch(std::move(reqs));
-    WaitInline(*live, wait, n, done);
+    if (one_dtype) {
+      reqs[0].group_size = n;
+      reqs[0].group_bytes = bytes;
+    }
+    return reqs;
   }
 };
 
