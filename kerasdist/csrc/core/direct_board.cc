@@ -366,7 +366,8 @@ DirectBoard::Begun DirectBoard::Begin(Request* request, Op* op) {
 }
 
 bool DirectBoard::Poll(Op* op, Status* status, bool* fallback) {
-  std::vector<PostHeader*> posts(size_);
+  thread_local std::vector<PostHeader*> posts;
+  posts.resize(size_);
   for (int p = 0; p < size_; ++p) {
     posts[p] = HeaderOf(Post(op->offset, op->capacity, op->round, p));
     if (posts[p]->seq.load(std::memory_order_acquire) != op->round) return false;

@@ -51,7 +51,7 @@ std::string Engine::Prefix() const {
 
 void Engine::Finish(Request& r, const Status& s) {
   open_.fetch_sub(1, std::memory_order_relaxed);
-  if (board_) board_->Progress(NowMicros());
+  finished_ = true;  // the board hears of it once per cycle (RunLoop)
   r.done(s);
 }
 
@@ -88,6 +88,7 @@ bool Engine::Shutdown() {
     if (detached_) return false;
     if (!thread_.joinable()) return true;
     shutdown_requested_ = true;
+    closing_.store(true, std::memory_order_release);
     cv_.notify_one();
     // Bounded: the loop itself gives up after the collective timeout.
     const auto bound = std::chrono::milliseconds(
@@ -353,7 +354,10 @@ void Engine::RunLoop(Status* exit_status) {
     }
     FinishControlSends(0);
     if (running && board_) {
-      board_->Beat(NowMicros(), open() > 0);
+      const int64_t beat = NowMicros();
+      board_->Beat(beat, open() > 0);
+      if (finished_) board_->Progress(beat);
+      finished_ = false;
       running = PollDirect(exit_status, &progressed);
       if (!running && rank_ == 0) {
         // Stop the workers now, with the reason, rather than by silence.
@@ -406,6 +410,7 @@ void Engine::FailAll(const Status& status) {
     direct.swap(direct_pending_);
     final_status_ = status;
     stopped_ = true;
+    closing_.store(true, std::memory_order_release);
   }
   for (auto& kv : inflight_) Finish(kv.second, status);
   inflight_.clear();

@@ -203,6 +203,7 @@ class Engine {
   std::vector<DirectOp> direct_pending_;  // handed to the engine thread
   bool shutdown_requested_ = false;
   bool stopped_ = false;
+  std::atomic<bool> closing_{false};  // either of the two above, read without mu_
   bool detached_ = false;
   Status final_status_;
 
@@ -228,6 +229,7 @@ class Engine {
   size_t direct_planned_bytes_ = 0;  // rank 0: arena bytes announced
   std::atomic<int> direct_waiting_{0};  // size of direct_pending_
   std::atomic<uint64_t> direct_ops_{0};
+  bool finished_ = false;  // engine thread: a request completed this cycle
   void Finish(Request& r, const Status& s);  // engine.cc
 };
 

@@ -15,10 +15,9 @@ void Engine::SetBoard(std::unique_ptr<DirectBoard> board) { board_ = std::move(b
 
 bool Engine::TryDirect(Request* request) {
   if (!board_ || request->meta.reduce_op == ReduceOp::kAdasum) return false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_ || shutdown_requested_) return false;  // Enqueue() says why
-  }
+  // Stopping or stopped: Enqueue() says why. (Checked again, under the
+  // lock, before the engine thread takes the op over.)
+  if (closing_.load(std::memory_order_acquire)) return false;
   DirectOp op;
   switch (board_->Begin(request, &op)) {
     case DirectBoard::Begun::kNotDirect:

@@ -6,6 +6,7 @@
 
 #include "binding.h"
 #include "convert.h"
+#include "huge_pages.h"
 #include "inline_wait.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -128,16 +129,17 @@ class ReduceKernel : public CollectiveKernel {
     return BindOutput(ctx, i, &r->output);
   }
   // Binds output i to input i's buffer when TensorFlow allows, else to a
-  // new one; sets *output to it. On failure sets ctx's status.
+  // new one (huge_pages.h); sets *output to it. On failure sets ctx's status.
   bool BindOutput(OpKernelContext* ctx, int i, void** output) {
     Tensor* out = nullptr;
-    tensorflow::Status s =
-        ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &out);
+    const Tensor& in = ctx->input(i);
+    tensorflow::Status s = ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out);
     if (!s.ok()) {
       ctx->SetStatus(s);
       return false;
     }
     *output = const_cast<char*>(out->tensor_data().data());
+    if (*output != in.tensor_data().data()) AdviseHugePages(*output, out->tensor_data().size());
     return true;
   }
 
@@ -269,6 +271,7 @@ class AllgatherOp : public CollectiveKernel {
       tensorflow::Status s = ctx->allocate_output(0, ts, &out);
       if (!s.ok()) return Status(StatusCode::kInternal, std::string(s.message()));
       *data = const_cast<char*>(out->tensor_data().data());
+      AdviseHugePages(*data, out->tensor_data().size());
       return Status::OK();
     };
     live->Enqueue(std::move(r));
