@@ -79,8 +79,12 @@ bool Engine::FinishDirect(DirectOp* op) {
     // rank runs this round through the coordinator.
     if (op->request.parts.empty()) {
       Enqueue(std::move(op->request));
-    } else {
+    } else if (op->request.expand) {
       EnqueueBatch(op->request.expand());
+    } else {
+      op->request.done(Status(StatusCode::kInternal,
+                              Prefix() + "grouped allreduce '" + op->request.name +
+                                  "' outgrew the board but cannot be split into its tensors"));
     }
   } else {
     if (s.ok()) direct_ops_.fetch_add(1, std::memory_order_relaxed);
@@ -200,7 +204,7 @@ void Engine::AnnounceDirect(ResponseList* plan) {
           group ? static_cast<size_t>(it->second.group_bytes)
                 : static_cast<size_t>(resp.counts[i]) * DataTypeSize(resp.dtype);
       const int64_t limit = group ? config_.direct_group_bytes : config_.direct_allreduce_bytes;
-      if (bytes > static_cast<size_t>(limit)) continue;
+      if (limit <= 0 || bytes > static_cast<size_t>(limit)) continue;  // 0: off, even for empty tensors
       // A name already on the board comes here when it outgrew its slot: it
       // gets a larger one (the old one's arena bytes stay used).
       auto hit = cache_.find(name);
