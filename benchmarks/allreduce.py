@@ -3,8 +3,8 @@
 Run on N ranks: `mpiexec -n 2 python benchmarks/allreduce.py [--sizes 4K 1M]
 [--iters N] [--blocks B] [--json PATH] [--quick]` (or under `kerasdist-run`).
 Per float32 buffer size it measures `kd eager` (`kerasdist.allreduce(x,
-op=Sum)`, fixed name, same input), `kd tf.function` (the op in a while loop
-inside one `tf.function` call, see `make_loop_fn`), `MPICH`
+op=Sum)`, fixed name, same input), `kd tf.function` (a chain of the op in a
+while loop inside one `tf.function` call, see `make_loop_fn`), `MPICH`
 (`comm.Allreduce` on numpy arrays) and `memcpy` (`np.copyto`, all ranks
 copying at once).
 
@@ -15,7 +15,9 @@ sample averages `inner` back-to-back ops so that fast ops are not lost in
 timer overhead. A rank's time is the smallest of its block medians; the
 reported time is the largest over ranks. Bus bandwidth is
 `bytes * 2(N-1)/N / time`, memcpy bandwidth `bytes / time`. It also times a
-step of 100 tensors of 4 KiB against one of 400 KiB, and checks every
+step of 100 tensors of 4 KiB against one of 400 KiB, TensorFlow's own floors
+at 4 KiB (an eager op, a while-loop iteration; see `bench_floors`), and
+checks every
 kerasdist path once per size against the exact sum (exit status 1 if wrong;
 `--quick` is the CI smoke test).
 """
@@ -36,6 +38,7 @@ KIB = 1024
 MIB = KIB * KIB
 DEFAULT_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
 GROUP_COUNT, GROUP_BYTES = 100, 4 * KIB
+CHAIN = 8  # allreduces per while-loop iteration in `kd tf.function`
 
 
 def parse_size(text):
@@ -96,6 +99,7 @@ class Bench:
         est = np.median(run_block(op, min_inner, self.warmup))
         est = max(self.comm.allreduce(float(est), op=self.MAX), 1e-8)
         inner = int(min(1000, max(min_inner, math.ceil(sample_time / est))))
+        inner = -(-inner // min_inner) * min_inner  # whole calls of a chained op
         samples = self.iters or int(
             min(5000, max(self.min_samples, round(self.block_time / (est * inner)))))
         self.plan[name] = (op, inner, samples)
@@ -115,21 +119,29 @@ class Bench:
         return {n: self.comm.allreduce(best[n], op=self.MAX) for n in names}
 
 
-def make_loop_fn(kd, tf, name):
-    """A `tf.function(x, k)` that allreduces `x` k times in a while loop.
+def make_loop_fn(kd, tf, name, chain=CHAIN):
+    """A `tf.function(x, k)` that allreduces `x` `chain` times per iteration
+    of a while loop, for k iterations.
 
     One op per call would mostly time `tf.function` dispatch (~0.5 ms of
     Python and executor setup per call on a small VM, none of it
-    kerasdist's). Running k ops per call amortizes that, so the per-op time
-    is what an allreduce costs inside a training step: kernel launch on the
-    inter-op pool, negotiation, copies and the ring. Each iteration reduces
-    the previous result, so the ops run one at a time and one name never
-    has two ops in flight; with zeros as input the sum stays finite.
+    kerasdist's). Running many ops per call amortizes that, and chaining
+    `chain` ops in the loop's body amortizes the loop's own cost per
+    iteration (about 4 us here, more than a 4 KiB allreduce: see
+    `bench_floors`), so the per-op time is what an allreduce costs among the
+    ops of a training step: kernel launch on the inter-op pool, negotiation,
+    copies and the reduction. Each op reduces the previous result, so the
+    ops run one at a time and one name never has two ops in flight; with
+    zeros as input the sum stays finite.
     """
+
+    def body(i, y):
+        for _ in range(chain):
+            y = kd.allreduce(y, op=kd.Sum, name=name)
+        return i + 1, y
 
     @tf.function
     def loop(x, k):
-        body = lambda i, y: (i + 1, kd.allreduce(y, op=kd.Sum, name=name))  # noqa: E731
         return tf.while_loop(lambda i, y: i < k, body, (tf.constant(0), x))[1]
 
     return loop
@@ -167,16 +179,23 @@ def bench_size(nbytes, bench, comm, kd, tf):
     local, exact = rank_data(n, comm)
     mpich = np.empty_like(local)
     comm.Allreduce(local, mpich, op=MPI.SUM)
+    # One iteration of the chain multiplies the sum by size**(CHAIN - 1):
+    # exact in float32 while it stays below 2**24 (up to 5 ranks).
+    scale = float(size) ** (CHAIN - 1)
+    chained = ({"kd tf.function chain": (loop_fn(tf.constant(local), tf.constant(1)),
+                                         (exact * scale).astype(np.float32))}
+               if scale * float(np.max(exact)) < 2 ** 24 else {})
     verify(comm, fmt_size(nbytes), {
         "MPICH": (mpich, exact),
         "kd eager": (kd.allreduce(tf.constant(local), op=kd.Sum, name=f"check.{nbytes}"), exact),
-        "kd tf.function x2": (loop_fn(tf.constant(local), tf.constant(2)), exact * size)})
+        "kd tf.function x2": (make_loop_fn(kd, tf, f"check.fn.{nbytes}", 1)(
+            tf.constant(local), tf.constant(2)), exact * size), **chained})
     x, zeros = tf.ones([n]), tf.zeros([n])
     send, recv, dst = (np.full(n, v, np.float32) for v in (1, 0, 0))
     name = f"bench.eager.{nbytes}"
     bench.add("kd_eager", repeat(lambda: kd.allreduce(x, op=kd.Sum, name=name)))
-    # A tf.function call costs ~0.5 ms here: >= 4 ops and ~20 ms per sample.
-    bench.add("kd_fn", lambda k: loop_fn(zeros, tf.constant(k)), 4, 20e-3)
+    # A tf.function call costs ~0.5 ms here: >= 1 chain and ~20 ms per sample.
+    bench.add("kd_fn", lambda k: loop_fn(zeros, tf.constant(k // CHAIN)), CHAIN, 20e-3)
     bench.add("mpich", repeat(lambda: comm.Allreduce(send, recv, op=MPI.SUM)))
     bench.add("memcpy", repeat(lambda: np.copyto(dst, send)))
     t = bench.run()
@@ -228,6 +247,30 @@ def bench_grouped(bench, comm, kd, tf):
     return bench.run()
 
 
+def bench_floors(bench, kd, tf):
+    """Times TensorFlow's own costs around a 4 KiB op, against kerasdist's.
+
+    An eager `tf.identity` is the least an eager op costs; a while-loop
+    iteration that multiplies is what `kd tf.function` would add per op if
+    each op had its own iteration (`kd tf.function 1 per iteration`).
+    """
+    n = 4 * KIB // 4
+    x, zeros = tf.ones([n]), tf.zeros([n])
+    one_per_iter = make_loop_fn(kd, tf, "bench.floor.kd", 1)
+
+    @tf.function
+    def mul_loop(y, k):
+        return tf.while_loop(lambda i, v: i < k, lambda i, v: (i + 1, v * 1.0),
+                             (tf.constant(0), y))[1]
+
+    bench.add("tf eager identity", repeat(lambda: tf.identity(x)))
+    bench.add("tf.function loop iteration (multiply)",
+              lambda k: mul_loop(zeros, tf.constant(k)), 4, 20e-3)
+    bench.add("kd tf.function 1 per iteration",
+              lambda k: one_per_iter(zeros, tf.constant(k)), 4, 20e-3)
+    return bench.run()
+
+
 def machine_info(comm, kd, tf):
     """Host, versions, date and the settings that affect the numbers."""
     from mpi4py import MPI
@@ -251,8 +294,8 @@ def machine_info(comm, kd, tf):
     }
 
 
-def print_report(rows, grouped, size):
-    """Prints the table, the 4 KiB latency line and the grouped step."""
+def print_report(rows, grouped, floors, size):
+    """Prints the table, the 4 KiB latency lines and the grouped step."""
     cols = " | ".join(f"{'time':>9} {'busGB/s':>8}" for _ in range(3))
     sub = f"{'':>8} | {cols} | {'GB/s':>7} | {'kd/MPICH':>8} | {'kd/memcp':>8}"
     print(f"\nkerasdist allreduce, float32, op=Sum, {size} ranks; time per op = max "
@@ -268,6 +311,12 @@ def print_report(rows, grouped, size):
         print(f"\nLatency of one 4 KiB allreduce: kd eager {fmt_time(r['kd_eager_s']).strip()}, "
               f"kd tf.function {fmt_time(r['kd_fn_s']).strip()}, "
               f"MPICH {fmt_time(r['mpich_s']).strip()}")
+    if floors:
+        f = {k: fmt_time(v).strip() for k, v in floors.items()}
+        print(f"TensorFlow's floors at 4 KiB: eager tf.identity {f['tf eager identity']}; "
+              f"one while-loop iteration (a multiply) {f['tf.function loop iteration (multiply)']}; "
+              f"kd tf.function with one allreduce per iteration "
+              f"{f['kd tf.function 1 per iteration']} (chained {CHAIN} per iteration above)")
     print("\nOne step of 100 tensors of 4 KiB vs one tensor of 400 KiB (time per step):")
     for name, t in grouped.items():
         print(f"  {name:<34} {fmt_time(t)}")
@@ -322,14 +371,15 @@ def main(argv=None):
         for nbytes in args.sizes:
             rows.append(bench_size(nbytes, bench, comm, kd, tf))
         grouped = bench_grouped(bench, comm, kd, tf)
+        floors = bench_floors(bench, kd, tf) if 4 * KIB in args.sizes else None
     except AssertionError as e:
         if comm.Get_rank() == 0:
             print(f"FAILED correctness check: {e}", file=sys.stderr)
-        grouped, status = None, 1
+        grouped, floors, status = None, None, 1
     elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
     info, size = machine_info(comm, kd, tf), comm.Get_size()
     if comm.Get_rank() == 0 and status == 0:
-        print_report(rows, grouped, size)
+        print_report(rows, grouped, floors, size)
         print(f"\nTotal benchmark time (after imports): {elapsed:.1f} s")
         path = os.path.abspath(args.json or os.path.join(
             os.path.dirname(os.path.abspath(__file__)), "results", f"allreduce_np{size}.json"))
@@ -337,7 +387,8 @@ def main(argv=None):
         with open(path, "w") as f:
             json.dump({"machine": info, "args": vars(args), "elapsed_s": elapsed,
                        "sizes": rows, "grouped_step_s": grouped,
-                       "grouped_collective_share": collective_shares(grouped)}, f, indent=2)
+                       "grouped_collective_share": collective_shares(grouped),
+                       "chain_per_iteration": CHAIN, "floors_4k_s": floors}, f, indent=2)
         print(f"Wrote {path}")
     kd.shutdown()
     return status

@@ -33,3 +33,8 @@ def test_quick_run_checks_sums_and_writes_every_row(tmp_path):
     # Differences of noisy times: finite, of either sign in a quick run.
     assert math.isfinite(share["many_s"]) and math.isfinite(share["one_s"]), share
     assert doc["machine"]["ranks"] == 2
+    floors = doc["floors_4k_s"]  # 4 KiB is among the sizes
+    assert set(floors) == {"tf eager identity", "tf.function loop iteration (multiply)",
+                           "kd tf.function 1 per iteration"}, floors
+    assert all(math.isfinite(v) and v > 0 for v in floors.values()), floors
+    assert doc["chain_per_iteration"] >= 1
