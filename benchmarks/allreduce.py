@@ -120,8 +120,8 @@ class Bench:
 
 
 def make_loop_fn(kd, tf, name, chain=CHAIN):
-    """A `tf.function(x, k)` that allreduces `x` `chain` times per iteration
-    of a while loop, for k iterations.
+    """Returns `run(x, k)`: k allreduces of `x`, `chain` per iteration of a
+    while loop in one `tf.function` call (k must be a multiple of `chain`).
 
     One op per call would mostly time `tf.function` dispatch (~0.5 ms of
     Python and executor setup per call on a small VM, none of it
@@ -141,10 +141,15 @@ def make_loop_fn(kd, tf, name, chain=CHAIN):
         return i + 1, y
 
     @tf.function
-    def loop(x, k):
-        return tf.while_loop(lambda i, y: i < k, body, (tf.constant(0), x))[1]
+    def loop(x, iterations):
+        return tf.while_loop(lambda i, y: i < iterations, body, (tf.constant(0), x))[1]
 
-    return loop
+    def run(x, k):
+        if k % chain:
+            raise ValueError(f"Expected a multiple of {chain} allreduces. Received: k={k}")
+        return loop(x, tf.constant(k // chain))
+
+    return run
 
 
 def rank_data(n, comm):
@@ -182,20 +187,20 @@ def bench_size(nbytes, bench, comm, kd, tf):
     # One iteration of the chain multiplies the sum by size**(CHAIN - 1):
     # exact in float32 while it stays below 2**24 (up to 5 ranks).
     scale = float(size) ** (CHAIN - 1)
-    chained = ({"kd tf.function chain": (loop_fn(tf.constant(local), tf.constant(1)),
+    chained = ({"kd tf.function chain": (loop_fn(tf.constant(local), CHAIN),
                                          (exact * scale).astype(np.float32))}
                if scale * float(np.max(exact)) < 2 ** 24 else {})
     verify(comm, fmt_size(nbytes), {
         "MPICH": (mpich, exact),
         "kd eager": (kd.allreduce(tf.constant(local), op=kd.Sum, name=f"check.{nbytes}"), exact),
         "kd tf.function x2": (make_loop_fn(kd, tf, f"check.fn.{nbytes}", 1)(
-            tf.constant(local), tf.constant(2)), exact * size), **chained})
+            tf.constant(local), 2), exact * size), **chained})
     x, zeros = tf.ones([n]), tf.zeros([n])
     send, recv, dst = (np.full(n, v, np.float32) for v in (1, 0, 0))
     name = f"bench.eager.{nbytes}"
     bench.add("kd_eager", repeat(lambda: kd.allreduce(x, op=kd.Sum, name=name)))
     # A tf.function call costs ~0.5 ms here: >= 1 chain and ~20 ms per sample.
-    bench.add("kd_fn", lambda k: loop_fn(zeros, tf.constant(k // CHAIN)), CHAIN, 20e-3)
+    bench.add("kd_fn", lambda k: loop_fn(zeros, k), CHAIN, 20e-3)
     bench.add("mpich", repeat(lambda: comm.Allreduce(send, recv, op=MPI.SUM)))
     bench.add("memcpy", repeat(lambda: np.copyto(dst, send)))
     t = bench.run()
@@ -259,7 +264,7 @@ def bench_floors(bench, kd, tf):
     one_per_iter = make_loop_fn(kd, tf, "bench.floor.kd", 1)
 
     @tf.function
-    def mul_loop(y, k):
+    def mul_loop(y, k):  # one multiply per iteration: the loop's own cost
         return tf.while_loop(lambda i, v: i < k, lambda i, v: (i + 1, v * 1.0),
                              (tf.constant(0), y))[1]
 
@@ -267,7 +272,7 @@ def bench_floors(bench, kd, tf):
     bench.add("tf.function loop iteration (multiply)",
               lambda k: mul_loop(zeros, tf.constant(k)), 4, 20e-3)
     bench.add("kd tf.function 1 per iteration",
-              lambda k: one_per_iter(zeros, tf.constant(k)), 4, 20e-3)
+              lambda k: one_per_iter(zeros, k), 4, 20e-3)
     return bench.run()
 
 

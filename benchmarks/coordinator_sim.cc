@@ -226,12 +226,11 @@ class Sim {
           coord_->Submit(0, own[k++]);
           continue;
         }
-        RequestList theirs;
-        if (!Parse(wires[i], &theirs)) {
+        if (!Parse(wires[i], &theirs_)) {  // reused, as the engine does
           errors.push_back(what + ": Parse() rejected rank " + std::to_string(round[i].rank));
           return res;
         }
-        coord_->Submit(round[i].rank, theirs);
+        coord_->Submit(round[i].rank, theirs_);
       }
       const int64_t t1 = NowMicros();
       ResponseList plan = coord_->Plan(frozen ? frozen_us : NowMicros());
@@ -245,8 +244,7 @@ class Sim {
       const int64_t p0 = NowMicros();
       for (size_t i = 0; i < round.size(); ++i) {
         if (round[i].rank == 0) continue;
-        RequestList theirs;
-        Parse(wires[i], &theirs);
+        Parse(wires[i], &theirs_);
       }
       res.parse_us += NowMicros() - p0;
       res.submit_us += t1 - t0;
@@ -353,6 +351,7 @@ class Sim {
   int64_t fusion_bytes_ = 0;
   int64_t limit_ = 0;
   std::unique_ptr<Coordinator> coord_;
+  RequestList theirs_;  // a worker's list, decoded into the same object each time
 
   bool Alone(int t) const { return limit_ > 0 && model_[t].bytes >= limit_; }
 };

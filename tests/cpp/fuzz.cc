@@ -267,14 +267,33 @@ std::vector<size_t> ResponseCountOffsets(const ResponseList& l) {
           FirstDifference(wire, kerasdist::Serialize(more_resp))};
 }
 
+// The engine parses every worker's list into one reused RequestList: what
+// Submit() reads (ids, and names and metadata of entries without an id,
+// shutdown, seen) must be the message's, whatever was parsed before.
+bool SameAsReused(const RequestList& want, const RequestList& got) {
+  if (want.shutdown != got.shutdown || SeenOf(want, 0) != SeenOf(got, 0) ||
+      want.entries.size() != got.entries.size())
+    return false;
+  for (size_t i = 0; i < want.entries.size(); ++i) {
+    const RequestEntry &x = want.entries[i], &y = got.entries[i];
+    if (x.id != y.id || (x.id < 0 && (x.name != y.name || !Equal(x.meta, y.meta))))
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int RunFuzz(uint64_t seed, int iterations) {
   Rng rng(seed);
   long checks = 0;
+  RequestList reused;
   for (int it = 0; it < iterations; ++it) {
     RequestList ql = RandomRequests(rng);
     CheckValid(rng, ql, RequestCountOffsets(ql), &checks);
+    KDT_CHECK(kerasdist::Parse(kerasdist::Serialize(ql), &reused) && SameAsReused(ql, reused),
+              "a valid request parsed into a reused list differs (iteration %d)", it);
+    ++checks;
     ResponseList rl = RandomResponses(rng);
     CheckValid(rng, rl, ResponseCountOffsets(rl), &checks);
   }

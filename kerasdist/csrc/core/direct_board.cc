@@ -295,7 +295,6 @@ bool DirectBoard::Assign(int slot, const std::string& first, size_t capacity, bo
   s.name = name;
   s.offset = arena_used_;
   s.capacity = capacity;
-  s.group = group;
   // slots_ may reallocate: kernels reach a slot only under mu_, by index.
   slots_.push_back(std::move(s));
   arena_used_ += need;

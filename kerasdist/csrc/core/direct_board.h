@@ -110,7 +110,6 @@ class DirectBoard {
     size_t offset = 0, capacity = 0;  // in the arena; bytes of one post's data
     uint64_t round = 0;  // the last round this rank posted
     bool busy = false;
-    bool group = false;
   };
   DirectBoard() = default;
   // Rank `rank`'s post of `round` in the slot at `offset` (capacity bytes).

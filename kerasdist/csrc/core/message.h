@@ -103,7 +103,10 @@ constexpr int32_t kMaxTensorId = 1 << 24;
 std::string Serialize(const RequestList& list);
 // Parse() returns false for anything that is not a well-formed message:
 // truncated, trailing bytes, counts larger than the bytes that follow,
-// enum values out of range, negative ids, counts or dimensions.
+// enum values out of range, negative ids, counts or dimensions. A list can be
+// parsed into again and again: Parse() sets every field that the message
+// carries (an entry with an id keeps an earlier entry's name and metadata,
+// which only entries without an id use).
 std::string Serialize(const ResponseList& list);
 bool Parse(const std::string& bytes, RequestList* list);
 bool Parse(const std::string& bytes, ResponseList* list);
