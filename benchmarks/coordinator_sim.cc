@@ -204,14 +204,11 @@ class Sim {
             drop_one = false;
             continue;
           }
-          RequestEntry e;
           if (ids_[i] >= 0) {
-            e.id = ids_[i];
+            list.AddId(ids_[i]);
           } else {
-            e.name = model_[i].name;
-            e.meta = model_[i].meta;
+            list.AddNamed(model_[i].name, model_[i].meta);
           }
-          list.entries.push_back(std::move(e));
         }
         wires.push_back(c.rank == 0 ? std::string() : Serialize(list));
         if (c.rank == 0) own.push_back(std::move(list));

@@ -88,16 +88,16 @@ RequestList RandomRequests(Rng& rng) {
   SetSeen(&l, rng.Int(0, 1) ? rng.Next() : rng.Int(0, 100), 0);
   const int n = rng.Int(0, 8);
   for (int i = 0; i < n; ++i) {
-    RequestEntry e;
     const int kind = rng.Int(0, 3);
-    e.id = kind == 0 ? rng.Int(0, 1000)
+    const int32_t id = kind == 0 ? rng.Int(0, 1000)
            : kind == 1 ? static_cast<int32_t>(rng.Next() % kerasdist::kMaxTensorId)
            : kind == 2 ? -1 : -static_cast<int32_t>(1 + rng.Next() % 1000000);
-    if (e.id < 0) {
-      e.name = RandomString(rng, 40);
-      e.meta = RandomMeta(rng);
+    if (id >= 0) {
+      l.AddId(id);
+    } else {
+      l.AddNamed(RandomString(rng, 40), RandomMeta(rng));
+      l.entries.back().id = id;  // any negative id means "named"
     }
-    l.entries.push_back(e);
   }
   return l;
 }
@@ -157,7 +157,10 @@ bool Equal(const RequestList& a, const RequestList& b) {
     return false;
   for (size_t i = 0; i < a.entries.size(); ++i) {
     const RequestEntry &x = a.entries[i], &y = b.entries[i];
-    if (x.id != y.id || x.name != y.name || !Equal(x.meta, y.meta)) return false;
+    if (x.id != y.id) return false;
+    if (x.id < 0 && (a.Named(x).name != b.Named(y).name ||
+                     !Equal(a.Named(x).meta, b.Named(y).meta)))
+      return false;
   }
   return true;
 }
@@ -248,8 +251,7 @@ size_t FirstDifference(const std::string& a, const std::string& b) {
 
 std::vector<size_t> RequestCountOffsets(const RequestList& l) {
   RequestList more = l;
-  more.entries.push_back(RequestEntry());
-  more.entries.back().id = 0;
+  more.AddId(0);
   return {FirstDifference(kerasdist::Serialize(l), kerasdist::Serialize(more))};
 }
 
@@ -267,19 +269,10 @@ std::vector<size_t> ResponseCountOffsets(const ResponseList& l) {
           FirstDifference(wire, kerasdist::Serialize(more_resp))};
 }
 
-// The engine parses every worker's list into one reused RequestList: what
-// Submit() reads (ids, and names and metadata of entries without an id,
-// shutdown, seen) must be the message's, whatever was parsed before.
+// The engine parses every worker's list into one reused RequestList: it
+// must hold that message alone, whatever was parsed into it before.
 bool SameAsReused(const RequestList& want, const RequestList& got) {
-  if (want.shutdown != got.shutdown || SeenOf(want, 0) != SeenOf(got, 0) ||
-      want.entries.size() != got.entries.size())
-    return false;
-  for (size_t i = 0; i < want.entries.size(); ++i) {
-    const RequestEntry &x = want.entries[i], &y = got.entries[i];
-    if (x.id != y.id || (x.id < 0 && (x.name != y.name || !Equal(x.meta, y.meta))))
-      return false;
-  }
-  return true;
+  return Equal(want, got) && got.named.size() == want.named.size();
 }
 
 }  // namespace

@@ -221,13 +221,14 @@ void Coordinator::Submit(int rank, const RequestList& list) {
       if (hot_[idx].only_id == e.id) slots_[e.id].fast = idx;  // the next ranks' path
       continue;
     }
-    if (e.meta.type == OpType::kJoin) {
+    const NamedRequest& named = list.Named(e);
+    if (named.meta.type == OpType::kJoin) {
       Join(rank);
       continue;
     }
-    int32_t idx = FindPending(e.name);
-    if (idx < 0) idx = NewPending(e.name, now < 0 ? (now = NowMicros()) : now);
-    Add(idx, rank, -1, e.meta);
+    int32_t idx = FindPending(named.name);
+    if (idx < 0) idx = NewPending(named.name, now < 0 ? (now = NowMicros()) : now);
+    Add(idx, rank, -1, named.meta);
   }
 }
 

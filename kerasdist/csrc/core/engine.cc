@@ -124,16 +124,13 @@ void Engine::TakeNewRequests(RequestList* mine, bool* progressed) {
                         "concurrent collectives must be unique."));
       continue;
     }
-    RequestEntry e;
     auto hit = cache_.find(r.name);
     if (hit != cache_.end() && hit->second.second == r.meta) {
-      e.id = hit->second.first;
+      mine->AddId(hit->second.first);
     } else {
-      e.name = r.name;
-      e.meta = r.meta;
+      mine->AddNamed(r.name, r.meta);
     }
     if (r.meta.type == OpType::kJoin) joined_ = true;
-    mine->entries.push_back(std::move(e));
     inflight_.emplace(r.name, std::move(r));
   }
   mine->shutdown = want_shutdown;

@@ -146,8 +146,9 @@ std::string Serialize(const RequestList& list) {
   for (const auto& e : list.entries) {
     w.Put(e.id);
     if (e.id < 0) {
-      w.PutString(e.name);
-      w.PutMeta(e.meta);
+      const NamedRequest& named = list.Named(e);
+      w.PutString(named.name);
+      w.PutMeta(named.meta);
     }
   }
   return w.Take();
@@ -163,6 +164,7 @@ bool Parse(const std::string& bytes, RequestList* list) {
   list->shutdown = shutdown != 0;
   if (!r.CanHold(n, sizeof(int32_t))) return false;
   list->entries.resize(n);
+  list->named.clear();
   if (r.left() == size_t{n} * sizeof(int32_t)) {
     // Ids only (any entry with a name is longer): the steady state, decoded
     // in one pass. Same verdicts as the loop below.
@@ -171,7 +173,7 @@ bool Parse(const std::string& bytes, RequestList* list) {
       int32_t id;
       std::memcpy(&id, p + size_t{i} * sizeof(int32_t), sizeof(id));
       if (id < 0 || id >= kMaxTensorId) return false;
-      list->entries[i].id = id;
+      list->entries[i] = {id, -1};
     }
     r.Skip(size_t{n} * sizeof(int32_t));
     return true;
@@ -179,7 +181,13 @@ bool Parse(const std::string& bytes, RequestList* list) {
   for (auto& e : list->entries) {
     if (!r.Get(&e.id)) return false;
     if (e.id >= kMaxTensorId) return false;
-    if (e.id < 0 && !(r.GetString(&e.name) && r.GetMeta(&e.meta) && ValidMeta(e.meta)))
+    e.named = -1;
+    if (e.id >= 0) continue;
+    // A name and metadata take more than their 4-byte entry: bounded by n.
+    e.named = static_cast<int32_t>(list->named.size());
+    list->named.emplace_back();
+    NamedRequest& named = list->named.back();
+    if (!(r.GetString(&named.name) && r.GetMeta(&named.meta) && ValidMeta(named.meta)))
       return false;
   }
   return r.done();
