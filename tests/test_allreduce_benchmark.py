@@ -38,3 +38,21 @@ def test_quick_run_checks_sums_and_writes_every_row(tmp_path):
                            "kd tf.function 1 per iteration"}, floors
     assert all(math.isfinite(v) and v > 0 for v in floors.values()), floors
     assert doc["chain_per_iteration"] >= 1
+
+
+def test_single_copy_benchmark_checks_bytes_and_writes_every_row(tmp_path):
+    # Rank 1 checks every byte each method read (AssertionError otherwise).
+    bench = os.path.join(os.path.dirname(BENCH), "single_copy.py")
+    out = tmp_path / "single_copy.json"
+    result = run_mpi(bench, 2, timeout=120,
+                     args=["--sizes", "64K", "1M", "--iters", "2", "--repeat", "1",
+                           "--json", str(out)])
+    assert "CMA / shm time" in result.stdout, result.stdout[-4000:]
+    doc = json.loads(out.read_text())
+    assert [row["bytes"] for row in doc["rows"]] == [65536, 1 << 20]
+    for row in doc["rows"]:
+        for method in ("shm copy-out", "local memcpy"):
+            assert math.isfinite(row["seconds"][method]) and row["seconds"][method] > 0, row
+        # CMA may be forbidden (ptrace rules, seccomp): then it says why.
+        cma = row["seconds"]["CMA read"]
+        assert (cma is not None and cma > 0) or doc["cma_error"], doc

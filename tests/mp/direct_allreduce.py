@@ -114,18 +114,25 @@ def check_shapes(size, r):
     assert direct_ops() - before == 6, direct_ops() - before
 
 
+def expect_mismatch(call, *needles):
+    """`call()` must fail with an OpError whose message holds every needle."""
+    try:
+        call()
+    except tf.errors.OpError as e:
+        for needle in needles:
+            assert needle in str(e), str(e)
+        return
+    raise AssertionError(f"no error; expected one with {needles[0]!r}")
+
+
 def check_mismatch(size, r):
     for _ in range(3):
         kd.allreduce(tf.ones([4]), name="d.mm")
     n = 4 if r == 0 else 5
-    try:
-        kd.allreduce(tf.ones([n]), name="d.mm")
-        raise AssertionError("a mismatch on the board did not fail")
-    except tf.errors.OpError as e:
-        msg = str(e)
-        assert "Mismatched allreduce for tensor 'd.mm'" in msg, msg
-        assert "rank 0 sent allreduce(average) float32 [4]" in msg, msg
-        assert "rank 1 sent allreduce(average) float32 [5]" in msg, msg
+    expect_mismatch(lambda: kd.allreduce(tf.ones([n]), name="d.mm"),
+                    "Mismatched allreduce for tensor 'd.mm'",
+                    "rank 0 sent allreduce(average) float32 [4]",
+                    "rank 1 sent allreduce(average) float32 [5]")
     y = kd.allreduce(tf.fill([4], float(r)), name="d.mm")  # the next round is fine
     np.testing.assert_array_equal(y.numpy(), np.full(4, (size - 1) / 2, np.float32))
 
@@ -241,16 +248,39 @@ def check_groups(size, r):
     # A mismatch on the board fails on every rank; the next round is fine.
     for _ in range(3):
         kd.grouped_allreduce([tf.ones([4]), tf.ones([2])], name="dg.mm")
-    try:
-        kd.grouped_allreduce([tf.ones([4]), tf.ones([2 + (r == 0)])], name="dg.mm")
-        raise AssertionError("a grouped mismatch on the board did not fail")
-    except tf.errors.OpError as e:
-        msg = str(e)
-        assert "Mismatched allreduce for tensor 'dg.mm'" in msg, msg
-        assert "a group of 2 tensors" in msg, msg
+    expect_mismatch(
+        lambda: kd.grouped_allreduce([tf.ones([4]), tf.ones([2 + (r == 0)])], name="dg.mm"),
+        "Mismatched allreduce for tensor 'dg.mm'", "a group of 2 tensors")
     ys = kd.grouped_allreduce([tf.fill([4], float(r)), tf.fill([2], 1.0)], name="dg.mm")
     np.testing.assert_array_equal(ys[0].numpy(), np.full(4, (size - 1) / 2, np.float32))
     np.testing.assert_array_equal(ys[1].numpy(), np.full(2, 1.0, np.float32))
+
+    # A group on the board whose dtypes differ on one rank only: a mismatch
+    # on every rank at once (not a wait for a round that rank never posts);
+    # then every rank sends the mixed group (through the engine, exact), and
+    # the group of one dtype runs on the board again.
+    for _ in range(3):
+        kd.grouped_allreduce([tf.ones([4]), tf.ones([3])], name="dg.mixmm")
+    t0 = time.time()
+    expect_mismatch(
+        lambda: kd.grouped_allreduce(
+            [tf.ones([4]), tf.ones([3], tf.int32 if r == 1 else tf.float32)], name="dg.mixmm"),
+        "Mismatched allreduce for tensor 'dg.mixmm'",
+        "rank 1 sent a group of 2 tensors of several dtypes, 7 elements in all",
+        "rank 0 sent a group of 2 tensors, allreduce(average) float32 [7]")
+    assert time.time() - t0 < 30, time.time() - t0
+    before = direct_ops()
+    for _ in range(2):
+        a, b = kd.grouped_allreduce([tf.fill([4], float(r)), tf.fill([3], r + 1)],
+                                    op=kd.Sum, name="dg.mixmm")
+        np.testing.assert_array_equal(a.numpy(), np.full(4, size * (size - 1) / 2, np.float32))
+        np.testing.assert_array_equal(b.numpy(), np.full(3, size * (size + 1) // 2, np.int32))
+    assert direct_ops() == before, direct_ops() - before
+    ys = kd.grouped_allreduce([tf.fill([4], float(r)), tf.fill([3], 2.0)], op=kd.Sum,
+                              name="dg.mixmm")
+    np.testing.assert_array_equal(ys[0].numpy(), np.full(4, size * (size - 1) / 2, np.float32))
+    np.testing.assert_array_equal(ys[1].numpy(), np.full(3, 2.0 * size, np.float32))
+    assert direct_ops() == before + 1, direct_ops() - before
 
 
 def run_checks():

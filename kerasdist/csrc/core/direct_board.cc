@@ -16,6 +16,8 @@ namespace {
 constexpr uint64_t kBoardMagic = 0x31306472626b646bULL;  // "kdkbrd01"
 constexpr size_t kBoardHeaderBytes = 64;
 constexpr int kMaxDims = 8;
+// PostHeader::dtype of a grouped allreduce whose tensors have several dtypes.
+constexpr int32_t kMixedDtypes = -1;
 
 enum PostKind : uint32_t { kData = 1, kOversize = 2, kJoined = 3 };
 
@@ -147,6 +149,9 @@ bool SameMeta(const PostHeader* a, const PostHeader* b) {
 
 std::string DescribePost(const PostHeader* h) {
   if (h->kind == kJoined) return "nothing (joined)";
+  if (h->dtype == kMixedDtypes)
+    return "a group of " + std::to_string(h->parts) + " tensors of several dtypes, " +
+           std::to_string(h->count) + " elements in all";
   TensorMeta m;
   m.type = OpType::kAllreduce;
   m.dtype = static_cast<DataType>(h->dtype);
@@ -326,6 +331,13 @@ void DirectBoard::Publish(size_t offset, size_t capacity, uint64_t round,
     h->count = count;
     h->prescale = m.prescale;
     h->postscale = m.postscale;
+    if (request->mixed_dtypes) {
+      // No data: such a group never reduces on the board (Request::mixed_dtypes).
+      h->dtype = kMixedDtypes;
+      h->kind = kOversize;
+      h->seq.store(round, std::memory_order_release);
+      return;
+    }
     const size_t esize = DataTypeSize(m.dtype);
     const size_t bytes = static_cast<size_t>(count) * esize;
     if (bytes <= capacity) {

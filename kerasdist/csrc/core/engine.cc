@@ -229,6 +229,37 @@ void Engine::AbandonBuffers() {
   fusion_buffer_.clear();
 }
 
+void Engine::SilentWorkers(int64_t now, const std::vector<int64_t>& last_heard,
+                           ResponseList* plan) {
+  std::vector<int> silent;
+  int64_t longest = 0;
+  for (int w = 1; w < size_; ++w) {
+    if (now - last_heard[w] > LivenessBoundUs()) {
+      silent.push_back(w);
+      longest = std::max(longest, now - last_heard[w]);
+    }
+  }
+  if (silent.empty()) return;
+  // A silent worker may be alive and blocked in a collective's transfer on
+  // a lost rank further round the ring (it went quiet before its transfer's
+  // own bound started): the roll call tells the lost from the blocked, so
+  // that the error leads with the lost ones.
+  std::vector<bool> heard;
+  const std::string roll = RollCall(&heard);
+  std::vector<int> lost;
+  for (int r = 1; r < size_; ++r)
+    if (!heard[r]) lost.push_back(r);
+  const std::vector<int>& named = lost.empty() ? silent : lost;
+  std::string who;
+  for (int r : named) who += (who.empty() ? "" : ", ") + DescribeRank(topology_, r);
+  plan->abort = true;
+  plan->message = who + (named.size() == 1 ? " has" : " have") + " not answered rank 0 for " +
+                  std::to_string(longest / 1000000) + " s while collectives wait" +
+                  (lost.empty() ? ", though alive (a roll call): blocked on each other"
+                                : ": stopped or lost the connection") +
+                  " (bound: KERASDIST_TIMEOUT_SECONDS)" + roll;
+}
+
 int64_t Engine::LivenessBoundUs() const {
   return std::max<int64_t>(config_.collective.timeout_ms * 1000, 4 * kHeartbeatUs);
 }
@@ -282,19 +313,7 @@ void Engine::RunLoop(Status* exit_status) {
       ResponseList plan = coordinator_->Plan(NowMicros());
       // A worker that stopped talking (frozen, or its host gone) while
       // others wait on it: stop everyone, naming it.
-      if (plan.empty() && coordinator_->HasPending()) {
-        for (int w = 1; w < size_; ++w) {
-          const int64_t silent = now - last_heard[w];
-          if (silent > LivenessBoundUs()) {
-            plan.abort = true;
-            plan.message = DescribeRank(topology_, w) + " has not answered rank 0 for " +
-                           std::to_string(silent / 1000000) +
-                           " s while collectives wait for it: it has stopped or lost its "
-                           "connection (bound: KERASDIST_TIMEOUT_SECONDS)";
-            break;
-          }
-        }
-      }
+      if (plan.empty() && coordinator_->HasPending()) SilentWorkers(now, last_heard, &plan);
       if (!plan.empty() || now - last_sent_us > kHeartbeatUs) {
         // An empty list is the heartbeat that tells workers rank 0 is alive.
         if (!plan.empty()) progressed = true;

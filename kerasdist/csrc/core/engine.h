@@ -88,6 +88,12 @@ struct Request {
   std::vector<Part> parts;
   uint64_t shapes_hash = 0;
   std::function<std::vector<Request>()> expand;
+  // A grouped allreduce whose tensors do not share a dtype. It never runs
+  // on the board, but where its name has a place there it posts a mark
+  // (no data) for the round, so that ranks which sent one dtype fail with a
+  // mismatch rather than wait for it; if every rank sent such a group, every
+  // rank runs the round through the engine (`expand`).
+  bool mixed_dtypes = false;
 };
 
 // Folds a shape into a hash (FNV-1a over its rank and dimensions); start
@@ -158,6 +164,9 @@ class Engine {
   void AbandonBuffers();
   void FinishShutdown(Status* exit_status);
   int64_t LivenessBoundUs() const;
+  // Rank 0: workers silent past the liveness bound while collectives wait:
+  // a roll call, then `plan` aborts naming the lost ones.
+  void SilentWorkers(int64_t now, const std::vector<int64_t>& last_heard, ResponseList* plan);
   // Ranks tell each other they are alive at least this often.
   static constexpr int64_t kHeartbeatUs = 1000000;
   void EnqueueMany(Request* requests, size_t n);  // moves from requests

@@ -199,12 +199,15 @@ class GroupedAllreduceOp : public ReduceKernel {
     }
     group.input = group.output = nullptr;
     group.meta.shape = {elements};
-    if (one_dtype) {
-      group.name = base;
-      group.done = Completion(ctx, done);
-      group.expand = [this, ctx, base, done] { return Members(ctx, base, done, true); };
-      if (live->TryDirect(&group)) return;
-    }
+    // A group of several dtypes only posts a mark where its name has a place
+    // on the board (Request::mixed_dtypes), so that the ranks agree.
+    group.name = base;
+    group.done = Completion(ctx, done);
+    group.expand = [this, ctx, base, done, one_dtype] {
+      return Members(ctx, base, done, one_dtype);
+    };
+    group.mixed_dtypes = !one_dtype;
+    if (live->TryDirect(&group)) return;
     // Not on the board (yet): every tensor goes to the engine.
     const InlineWait wait = Handoff(*live);
     live->EnqueueBatch(Members(ctx, base, Finisher(wait, done), one_dtype));
