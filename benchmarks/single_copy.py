@@ -179,4 +179,11 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception:  # not SystemExit: every rank exits then
+        # The other rank would wait in a barrier for the failed one.
+        import traceback
+        traceback.print_exc()
+        sys.stdout.flush()
+        MPI.COMM_WORLD.Abort(1)

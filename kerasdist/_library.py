@@ -100,6 +100,7 @@ def load():
     lib.kerasdist_exit_guard.argtypes = [ctypes.c_double]
     lib.kerasdist_cache_entries.restype = ll
     lib.kerasdist_direct_ops.restype = ll
+    lib.kerasdist_spin_us.restype = ll
     lib.kerasdist_init.restype = ctypes.c_int
     lib.kerasdist_built_tf_version.restype = ctypes.c_char_p
     lib.kerasdist_transport_name.argtypes = [ctypes.c_char_p, ctypes.c_int]

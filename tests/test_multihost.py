@@ -202,6 +202,9 @@ def test_topology_sweep_collectives_and_join(cluster, layout):
         assert info.startswith("mpi("), where
         assert (f"to rank {exp['right']}" in info) == exp["shm_to"], where
         assert (f"from rank {exp['left']}" in info) == exp["shm_from"], where
+        # No spin by default once the ranks span hosts (EngineConfig::spin_us).
+        one_host = len({w["host"] for w in want}) == 1
+        assert got["spin_us"] == (30 if one_host else 0), where
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

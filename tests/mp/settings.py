@@ -41,4 +41,10 @@ assert kd.local_rank() == same.index(r) and kd.local_size() == len(same)
 peers = [q for q in range(kd.size())
          if [p for p in range(kd.size()) if hosts[p] == hosts[q]].index(q) == kd.local_rank()]
 assert kd.cross_rank() == peers.index(r) and kd.cross_size() == len(peers)
+# Every rank on this host: the engine spins by default (EngineConfig::spin_us);
+# an explicit KERASDIST_SPIN_MICROSECONDS wins.
+one_host = kd.local_size() == kd.size()
+want_spin = int(os.environ.get("KERASDIST_SPIN_MICROSECONDS") or (30 if one_host else 0))
+spin = kd.runtime.context.lib.kerasdist_spin_us()
+assert spin == want_spin, (spin, want_spin)
 print(f"[rank {r}] topology ok", flush=True)

@@ -28,6 +28,8 @@ def main():
         "processor": MPI.Get_processor_name(),
         "shm_files": sorted(os.listdir("/dev/shm")),
         "transport": kd.runtime.transport_info(),
+        # KERASDIST_SPIN_MICROSECONDS unset: the engine's choice by topology.
+        "spin_us": kd.runtime.context.lib.kerasdist_spin_us(),
     }
     got = kd.allreduce(tf.constant(np.arange(1000, dtype=np.int64) * (r + 1)),
                        op=kd.Sum, name="topo.sum").numpy()

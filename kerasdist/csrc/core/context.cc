@@ -59,7 +59,10 @@ Status StartEngine(MPI_Comm comm, const EngineConfig& config, int64_t init_timeo
                            init_timeout_ms, &transport);
   if (!s.ok()) return s;
   *transport_name = transport->Name();
-  engine->reset(new Engine(std::move(transport), config, *topology), StopAndFree);
+  EngineConfig resolved = config;
+  if (resolved.spin_us < 0)
+    resolved.spin_us = topology->local_size == topology->size ? EngineConfig::kHostSpinUs : 0;
+  engine->reset(new Engine(std::move(transport), resolved, *topology), StopAndFree);
   (*engine)->SetBoard(std::move(board));
   (*engine)->Start();
   return Status::OK();

@@ -43,8 +43,13 @@ struct EngineConfig {
   std::string label;  // prefixes this engine's messages (a process set's)
   // How long the engine thread polls for new requests after its last
   // activity before it sleeps, and how long a kernel waits for its
-  // collective to finish on its own thread (0: neither spins).
-  int64_t spin_us = 30;
+  // collective to finish on its own thread (0: neither spins). -1 chooses
+  // by topology: kHostSpinUs when every rank runs on this host, where a
+  // small collective finishes within it, else 0 (a collective across hosts
+  // takes longer than any useful spin, and a spin there took 10-30% of the
+  // bandwidth from ranks sharing cores in the 4x1 benchmark).
+  int64_t spin_us = -1;
+  static constexpr int64_t kHostSpinUs = 30;
   // Allreduces up to this many bytes skip the coordinator once cached, when
   // every rank runs on this host (direct_board.h); 0 turns that off.
   int64_t direct_allreduce_bytes = 65536;

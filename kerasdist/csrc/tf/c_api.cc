@@ -169,6 +169,13 @@ long long kerasdist_direct_ops() {
   return ctx ? static_cast<long long>(ctx->engine()->direct_ops()) : -1;
 }
 
+// The engine's spin in microseconds (KERASDIST_SPIN_MICROSECONDS, or the
+// choice by topology), or -1 before init().
+long long kerasdist_spin_us() {
+  auto ctx = kerasdist::CurrentContext();
+  return ctx ? static_cast<long long>(ctx->engine()->spin_us()) : -1;
+}
+
 int kerasdist_is_initialized() { return kerasdist::CurrentContext() ? 1 : 0; }
 
 int kerasdist_rank() {
