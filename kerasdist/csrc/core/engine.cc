@@ -246,8 +246,11 @@ void Engine::SilentWorkers(int64_t now, const std::vector<int64_t>& last_heard,
   // that the error leads with the lost ones.
   std::vector<bool> heard;
   const std::string roll = RollCall(&heard);
+  // Only silent ranks are named here: a rank heard from within the bound
+  // that misses the roll call is busy in a transfer (the roll call's own
+  // text lists it).
   std::vector<int> lost;
-  for (int r = 1; r < size_; ++r)
+  for (int r : silent)
     if (!heard[r]) lost.push_back(r);
   const std::vector<int>& named = lost.empty() ? silent : lost;
   std::string who;
