@@ -127,7 +127,7 @@ def make_loop_fn(kd, tf, name, chain=CHAIN):
     Python and executor setup per call on a small VM, none of it
     kerasdist's). Running many ops per call amortizes that, and chaining
     `chain` ops in the loop's body amortizes the loop's own cost per
-    iteration (about 4 us here, more than a 4 KiB allreduce: see
+    iteration (5-7 us here, more than a 4 KiB allreduce: see
     `bench_floors`), so the per-op time is what an allreduce costs among the
     ops of a training step: kernel launch on the inter-op pool, negotiation,
     copies and the reduction. Each op reduces the previous result, so the

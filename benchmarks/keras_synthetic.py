@@ -6,6 +6,7 @@ Run from the repository root (it starts every process itself):
     python benchmarks/keras_synthetic.py [--models mnist resnet50 embedding
         embedding_dense] [--steps N] [--warmup W] [--repeats R] [--quick]
         [--json PATH] [--png PATH] [--configs ...] [--run-timeout S]
+        [--malloc default|tuned]
 
 Models (per-rank batch in brackets):
 - `mnist`: Horovod's Keras MNIST example CNN (conv32-conv64-maxpool-
@@ -34,6 +35,12 @@ Configurations, each a fresh process (or job), one after the other:
   denominator of the scaling efficiency.
 - `kd_np2_t1`: `kerasdist-run -np 2`, 1 thread per rank; the global batch
   is 2x the per-rank batch and samples/s counts both ranks.
+- `keras_2x_t1`: two plain-Keras processes (no kerasdist) with 1 thread
+  each, started together, each training on its own: data parallelism
+  with no communication at all. Its samples/s (the sum of the two) is
+  what np=2 could reach on these cores, so `kd np=2 / 2 procs` is the
+  share of it kerasdist reaches, and `2 procs / Keras` tells how far above
+  or below one two-threaded process that ceiling lies on this machine.
 
 Training: `model.fit` over an infinite synthetic `tf.data` dataset
 (`Dataset.from_tensors(batch).repeat()`: one random batch per rank, fixed,
@@ -66,8 +73,15 @@ hundreds). The per-thread-name CPU breakdown (`tf_Compute` is TensorFlow's
 pool, `python` the main thread) is in the JSON.
 
 Derived figures per model: `kd np=2 / keras` = samples/s of `kd_np2_t1`
-over `keras_np1_t2` (target >= 1.0); scaling efficiency = samples/s of
+over `keras_np1_t2` (target >= 1.0); `2 procs / Keras` and `kd np=2 / 2
+procs` against `keras_2x_t1`; scaling efficiency = samples/s of
 `kd_np2_t1` / (2 x samples/s of `kd_np1_t1`) (1.0 = perfect).
+
+Memory: `--malloc tuned` runs every process of every configuration with
+glibc settings (`TUNED_MALLOC`: one arena, a fixed 32 MiB mmap threshold,
+a 1 GiB trim threshold) under which the embedding models no longer switch
+between a fast mode and one spent zeroing fresh pages; the default leaves
+glibc as it is. The JSON records which was used.
 
 Shared machines: each run records how many cores other processes used
 during its measured window (`other_load_cores`: all CPUs' busy time from
@@ -90,16 +104,17 @@ and `benchmarks/results/keras_synthetic.png` (or `--json`, `--png`).
 import argparse
 import datetime
 import json
-import math
 import os
-import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from _synthetic_cpu import cpu_delta, cpu_snapshot
+from _synthetic_models import build_model, make_optimizer, synthetic_batch
+from _synthetic_report import machine_info, plot, report_run, summarize, table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -112,6 +127,7 @@ CONFIGS = {
     "kd_np1_t2": (True, 1, 2, "kd np=1 x2 thr"),
     "kd_np1_t1": (True, 1, 1, "kd np=1 x1 thr"),
     "kd_np2_t1": (True, 2, 1, "kd np=2 x1 thr"),
+    "keras_2x_t1": (False, 2, 1, "2 Keras procs x1 thr"),
 }
 
 # Per model: per-rank batch, measured steps, warm-up steps (full / quick).
@@ -125,111 +141,17 @@ MODELS = {
                             quick_steps=8, vocab=100_000, seq=64, quick_vocab=20_000),
 }
 DEFAULT_MODELS = ["mnist", "resnet50", "embedding", "embedding_dense"]
+# glibc settings that keep TensorFlow's large temporaries in one heap: with
+# the defaults, tensors of tens of MB come and go in per-thread arenas' 64 MiB
+# heaps and in mmap'd chunks, and a process can spend whole phases zeroing
+# fresh pages (the embedding models' two modes, see the README).
+TUNED_MALLOC = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=33554432:"
+                "glibc.malloc.trim_threshold=1073741824")
 QUICK_MODELS = ["mnist", "embedding"]
 QUICK_WARMUP = 2
-CLASSES = 10
-
-
-# ---------------------------------------------------------------- /proc reading
-
-def _stat_ticks(path):
-    """utime + stime (clock ticks) and comm-free fields of a /proc stat file."""
-    with open(path) as f:
-        text = f.read()
-    fields = text[text.rindex(")") + 2:].split()  # fields[0] is field 3 (state)
-    return int(fields[11]) + int(fields[12])
-
-
-def cpu_snapshot():
-    """Process CPU ticks and per-thread (tid -> (comm, ticks))."""
-    threads = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                comm = f.read().strip()
-            threads[tid] = (comm, _stat_ticks(f"/proc/self/task/{tid}/stat"))
-        except (OSError, ValueError):
-            continue  # the thread ended meanwhile
-    return {"process": _stat_ticks("/proc/self/stat"), "threads": threads,
-            "machine_busy": machine_busy_ticks()}
-
-
-def machine_busy_ticks():
-    """Busy clock ticks of all CPUs (/proc/stat: all but idle and iowait)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    return sum(v) - v[3] - v[4]
-
-
-def cpu_delta(before, after):
-    """CPU seconds over the window: process, engine thread, by thread name."""
-    hz = os.sysconf("SC_CLK_TCK")
-    by_name, engine, engine_threads = {}, 0, 0
-    for tid, (comm, ticks) in after["threads"].items():
-        start = before["threads"].get(tid, (comm, 0))[1]
-        by_name[comm] = by_name.get(comm, 0) + (ticks - start)
-        if comm == "kd-engine":
-            engine += ticks - start
-            engine_threads += 1
-    return {
-        "process_cpu_s": (after["process"] - before["process"]) / hz,
-        "machine_busy_s": (after["machine_busy"] - before["machine_busy"]) / hz,
-        "engine_cpu_s": engine / hz if engine_threads else None,
-        "engine_threads": engine_threads,
-        "threads_cpu_s": {k: v / hz for k, v in sorted(by_name.items(),
-                                                       key=lambda kv: -kv[1]) if v},
-    }
 
 
 # ---------------------------------------------------------------- worker (one rank)
-
-def build_model(keras, name, spec, quick):
-    layers = keras.layers
-    if name == "mnist":
-        return keras.Sequential([
-            keras.Input((28, 28, 1)),
-            layers.Conv2D(32, kernel_size=3, activation="relu"),
-            layers.Conv2D(64, kernel_size=3, activation="relu"),
-            layers.MaxPooling2D(pool_size=2),
-            layers.Dropout(0.25),
-            layers.Flatten(),
-            layers.Dense(128, activation="relu"),
-            layers.Dropout(0.5),
-            layers.Dense(CLASSES, activation="softmax"),
-        ]), (28, 28, 1)
-    if name == "resnet50":
-        size = spec["quick_image" if quick else "image"]
-        shape = (size, size, 3)
-        return keras.applications.ResNet50(weights=None, input_shape=shape,
-                                           classes=CLASSES), shape
-    if name.startswith("embedding"):
-        vocab = spec["quick_vocab" if quick else "vocab"]
-        return keras.Sequential([
-            keras.Input((spec["seq"],), dtype="int32"),
-            layers.Embedding(vocab, 64),
-            layers.GlobalAveragePooling1D(),
-            layers.Dense(64, activation="relu"),
-            layers.Dense(CLASSES, activation="softmax"),
-        ]), (spec["seq"],)
-    raise ValueError(f"unknown model {name!r}")
-
-
-def make_optimizer(keras, name, lr_scale):
-    if name == "resnet50":  # Horovod's synthetic benchmark: SGD
-        return keras.optimizers.SGD(0.01 * lr_scale, momentum=0.9)
-    return keras.optimizers.Adam(0.001 * lr_scale)
-
-
-def synthetic_batch(np, name, spec, shape, batch, seed, quick):
-    rng = np.random.default_rng(seed)
-    if name.startswith("embedding"):
-        vocab = spec["quick_vocab" if quick else "vocab"]
-        x = rng.integers(0, vocab, size=(batch,) + shape, dtype=np.int32)
-    else:
-        x = rng.standard_normal((batch,) + shape, dtype=np.float32)
-    y = rng.integers(0, CLASSES, size=(batch,), dtype=np.int32)
-    return x, y
-
 
 def worker(a):
     """One rank: trains `a.model` with fit and writes its timings as JSON."""
@@ -239,7 +161,7 @@ def worker(a):
 
     tf.config.threading.set_intra_op_parallelism_threads(a.threads)
     tf.config.threading.set_inter_op_parallelism_threads(a.threads)
-    rank, size = 0, 1
+    rank, size = a.index, 1
     if a.kerasdist:
         import kerasdist as hvd
         hvd.init()
@@ -346,29 +268,38 @@ def run_config(model, config, a, workdir):
     if a.quick:
         cmd.append("--quick")
     if use_kd:
-        cmd = launcher(np_) + cmd + ["--kerasdist"]
+        cmds = [launcher(np_) + cmd + ["--kerasdist"]]
+    else:  # np_ independent processes side by side (no communication)
+        cmds = [cmd + ["--index", str(i)] for i in range(np_)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS=str(threads))
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    if a.malloc == "tuned":
+        env["GLIBC_TUNABLES"] = TUNED_MALLOC
     record = {"config": config, "kerasdist": use_kd, "np": np_, "threads": threads,
               "batch_per_rank": batch, "global_batch": batch * np_, "steps": steps,
-              "warmup": warmup, "loadavg_start": os.getloadavg()}
+              "warmup": warmup, "independent": not use_kd and np_ > 1,
+              "loadavg_start": os.getloadavg()}
     t0 = time.time()
     log_path = out + ".log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=ROOT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=a.run_timeout)
-        except subprocess.TimeoutExpired:
-            proc.terminate()  # kerasdist-run forwards it to the ranks
+        procs = [subprocess.Popen(c, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  cwd=ROOT, start_new_session=True) for c in cmds]
+        rc = 0
+        deadline = time.time() + a.run_timeout
+        for proc in procs:
             try:
-                proc.wait(timeout=15)
+                code = proc.wait(timeout=max(0.0, deadline - time.time()))
+                rc = rc or code
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            rc = f"timeout after {a.run_timeout} s"
+                proc.terminate()  # kerasdist-run forwards it to the ranks
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                rc = f"timeout after {a.run_timeout} s"
     record["wall_s"] = time.time() - t0
     record["loadavg_end"] = os.getloadavg()
     ranks = []
@@ -388,22 +319,32 @@ def run_config(model, config, a, workdir):
 
 
 def combine(record, ranks):
-    """Per-step max over ranks, median, samples/s and CPU figures."""
-    per_step = [max(r["step_s"][i] for r in ranks) for i in range(len(ranks[0]["step_s"]))]
-    median = statistics.median(per_step)
+    """Per-step max over ranks, median, samples/s and CPU figures.
+
+    Independent processes do not step together: each one's throughput is
+    its batch over its own median step, and the record's is their sum.
+    """
+    n = len(ranks[0]["step_s"])
     window = max(r["window_s"] for r in ranks)
     gb = record["global_batch"]
+    if record.get("independent"):
+        per_step = sorted(t for r in ranks for t in r["step_s"])
+        median = statistics.median(per_step)
+        sps = sum(r["batch"] / statistics.median(r["step_s"]) for r in ranks)
+        sps_mean = sum(r["batch"] * len(r["step_s"]) / r["window_s"] for r in ranks)
+    else:
+        per_step = [max(r["step_s"][i] for r in ranks) for i in range(n)]
+        median = statistics.median(per_step)
+        sps, sps_mean = gb / median, gb * n / window
     record.update(
         median_step_s=median,
         p10_step_s=_quantile(per_step, 0.1), p90_step_s=_quantile(per_step, 0.9),
-        samples_per_s=gb / median,
-        samples_per_s_mean=gb * len(per_step) / window,
+        samples_per_s=sps, samples_per_s_mean=sps_mean,
         first_batch_s=max(r["first_batch_s"] for r in ranks),
         params=ranks[0]["params"], loss=[r["loss"] for r in ranks],
         grad_types=ranks[0]["grad_types"], transport=ranks[0].get("transport"),
     )
     cpu = []
-    n = len(per_step)
     for r in ranks:
         c = dict(r["cpu"], rank=r["rank"], window_s=r["window_s"])
         c["process_cpu_ms_per_step"] = 1e3 * c["process_cpu_s"] / n
@@ -429,142 +370,6 @@ def _quantile(values, q):
     return v[min(len(v) - 1, max(0, int(round(q * (len(v) - 1)))))]
 
 
-def summarize(results):
-    summary = {}
-    for model, configs in results.items():
-        def sps(c):
-            rec = configs.get(c)
-            return rec.get("samples_per_s") if rec else None
-        keras_, np2, np1 = sps("keras_np1_t2"), sps("kd_np2_t1"), sps("kd_np1_t1")
-        kd2 = configs.get("kd_np2_t1") or {}
-        summary[model] = {
-            "kd_np2_over_keras": np2 / keras_ if keras_ and np2 else None,
-            "kd_np1_over_keras": (sps("kd_np1_t2") / keras_
-                                  if keras_ and sps("kd_np1_t2") else None),
-            "scaling_efficiency": np2 / (2 * np1) if np1 and np2 else None,
-            "engine_cpu_fraction_np2": kd2.get("engine_cpu_fraction"),
-            "other_load_cores_np2": kd2.get("other_load_cores"),
-            "process_cpu_ms_per_step": {
-                c: max(x["process_cpu_ms_per_step"] for x in configs[c]["cpu_per_rank"])
-                for c in configs if "cpu_per_rank" in configs[c]},
-            "engine_cpu_ms_per_step_np2": (
-                max(c.get("engine_cpu_ms_per_step", 0) for c in kd2["cpu_per_rank"])
-                if "cpu_per_rank" in kd2 else None),
-        }
-    return summary
-
-
-def _fmt(v, spec):
-    return format(v, spec) if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"
-
-
-def table(results, summary):
-    cols = list(CONFIGS)
-    lines = ["| model | batch/rank | " + " | ".join(CONFIGS[c][3] + " samples/s" for c in cols)
-             + " | kd np=2 / Keras | scaling eff. | engine CPU np=2 (ms/step) "
-             "| others' load np=2 |",
-             "| --- " * (len(cols) + 6) + "|"]
-    for model, configs in results.items():
-        s = summary[model]
-        cells = []
-        for c in cols:
-            rec = configs.get(c, {})
-            cells.append((_fmt(rec.get("samples_per_s"), ".1f")
-                          + ("*" if rec.get("contended") else "")) if "error" not in rec
-                         else "failed")
-        batch = next((r["batch_per_rank"] for r in configs.values()), "")
-        eng = s["engine_cpu_fraction_np2"]
-        eng_txt = (f"{100 * eng:.1f}% ({_fmt(s['engine_cpu_ms_per_step_np2'], '.2f')})"
-                   if isinstance(eng, float) and math.isfinite(eng) else "n/a")
-        lines.append(f"| {model} | {batch} | " + " | ".join(cells)
-                     + f" | {_fmt(s['kd_np2_over_keras'], '.2f')}"
-                     f" | {_fmt(s['scaling_efficiency'], '.2f')} | {eng_txt}"
-                     f" | {_fmt(s['other_load_cores_np2'], '.2f')} cores |")
-    return "\n".join(lines)
-
-
-def machine_info():
-    info = {"hostname": socket.gethostname(), "platform": platform.platform(),
-            "python": platform.python_version(), "cpus": os.cpu_count()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f
-                               if line.startswith("model name"))
-        with open("/proc/meminfo") as f:
-            info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-    except (OSError, StopIteration):
-        pass
-    probe = subprocess.run(
-        [sys.executable, "-c",
-         "import tensorflow as tf, keras, mpi4py; print(tf.__version__, keras.__version__,"
-         " mpi4py.__version__)"],
-        capture_output=True, text=True, timeout=120,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    parts = probe.stdout.split()
-    if len(parts) == 3:
-        info.update(tensorflow=parts[0], keras=parts[1], mpi4py=parts[2])
-    git = subprocess.run(["git", "log", "-1", "--format=%h %s"], capture_output=True,
-                         text=True, cwd=ROOT)
-    info["kerasdist_commit"] = git.stdout.strip()
-    return info
-
-
-def plot(results, summary, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = list(results)
-    cols = list(CONFIGS)
-    colors = ["#888888", "#9ecae1", "#4292c6", "#08519c"]
-    fig, axes = plt.subplots(1, len(models) + 1, figsize=(4.2 * (len(models) + 1), 4.2))
-    for ax, model in zip(axes, models):
-        vals = [results[model].get(c, {}).get("samples_per_s") or 0 for c in cols]
-        bars = ax.bar(range(len(cols)), vals, color=colors)
-        for b, v in zip(bars, vals):
-            ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.0f}" if v >= 10 else f"{v:.1f}",
-                    ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(range(len(cols)))
-        ax.set_xticklabels([CONFIGS[c][3].replace(" x", "\nx") for c in cols], fontsize=7)
-        ax.set_title(f"{model} (batch {results[model].get(cols[0], {}).get('batch_per_rank', '?')}"
-                     "/rank)", fontsize=9)
-        ax.set_ylabel("samples/s (median step)")
-    ax = axes[-1]
-    width = 0.38
-    ratio = [summary[m]["kd_np2_over_keras"] or 0 for m in models]
-    eff = [summary[m]["scaling_efficiency"] or 0 for m in models]
-    x = range(len(models))
-    ax.bar([i - width / 2 for i in x], ratio, width, label="kd np=2 / Keras np=1 x2", color="#08519c")
-    ax.bar([i + width / 2 for i in x], eff, width, label="scaling eff. (np=2 / 2x np=1 x1)",
-           color="#fd8d3c")
-    for i, (r, e) in enumerate(zip(ratio, eff)):
-        ax.text(i - width / 2, r, f"{r:.2f}", ha="center", va="bottom", fontsize=8)
-        ax.text(i + width / 2, e, f"{e:.2f}", ha="center", va="bottom", fontsize=8)
-    ax.axhline(1.0, color="black", lw=0.8, ls="--")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels(models, fontsize=8)
-    ax.set_title("ratios (target: kd/Keras >= 1)", fontsize=9)
-    ax.set_ylim(0, max([1.25] + [v * 1.15 for v in ratio + eff]))
-    ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("kerasdist Keras synthetic benchmark (model.fit, 2-core CPU)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def report_run(model, config, rec):
-    if "error" in rec:
-        print(f"  {model:16s} {config:13s} FAILED: {rec['error']}", flush=True)
-        return
-    eng = rec.get("engine_cpu_fraction")
-    print(f"  {model:16s} {config:13s} {rec['samples_per_s']:9.1f} samples/s"
-          f"  median step {1e3 * rec['median_step_s']:8.2f} ms"
-          f"  (p10 {1e3 * rec['p10_step_s']:.2f}, p90 {1e3 * rec['p90_step_s']:.2f})"
-          + (f"  engine CPU {100 * eng:.1f}%" if eng is not None else "")
-          + f"  others {rec['other_load_cores']:.2f} cores"
-          + f"  [{rec['wall_s']:.0f} s, load {rec['loadavg_start'][0]:.1f}]", flush=True)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -588,6 +393,9 @@ def main(argv=None):
     p.add_argument("--busy-wait", type=float, default=15.0,
                    help="seconds to wait before such a retry (default 15)")
     p.add_argument("--run-timeout", type=float, help="seconds per run (default 900, quick 180)")
+    p.add_argument("--malloc", choices=("default", "tuned"), default="default",
+                   help="'tuned' runs every process of every configuration with "
+                        f"GLIBC_TUNABLES={TUNED_MALLOC} (see the README)")
     # Worker mode (one rank), used by the orchestrator.
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -595,6 +403,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
@@ -643,7 +452,7 @@ def main(argv=None):
                                           "other_load_cores", "engine_cpu_fraction",
                                           "error")} for r in recs])
     summary = summarize(results)
-    text = table(results, summary)
+    text = table(results, summary, {c: CONFIGS[c] for c in a.configs})
     if any(r.get("contended") for m in results.values() for r in m.values()):
         text += (f"\n\n\\* contended: other processes used more than {a.busy_cores} "
                  "cores during every run of this configuration.")
@@ -656,7 +465,9 @@ def main(argv=None):
             ("kerasdist", "np", "threads_per_rank", "label"), CONFIGS[c])) for c in a.configs},
             "model_specs": {m: MODELS[m] for m in models}, "quick": a.quick,
             "steps": a.steps, "warmup": a.warmup, "repeats": a.repeats,
-            "busy_cores": a.busy_cores, "busy_retries": a.busy_retries, "timing": (
+            "busy_cores": a.busy_cores, "busy_retries": a.busy_retries,
+            "malloc": a.malloc, "glibc_tunables": TUNED_MALLOC if a.malloc == "tuned" else
+            os.environ.get("GLIBC_TUNABLES"), "timing": (
                 "fit over Dataset.from_tensors(batch).repeat(); step = interval between "
                 "on_train_batch_end calls after the warm-up, max over ranks, median"),
             "argv": sys.argv[1:]},
@@ -667,7 +478,7 @@ def main(argv=None):
         json.dump(doc, f, indent=1)
     if a.png:
         os.makedirs(os.path.dirname(os.path.abspath(a.png)), exist_ok=True)
-        plot(results, summary, a.png)
+        plot(results, summary, a.png, {c: CONFIGS[c] for c in a.configs})
     print(f"\nwrote {a.json}" + (f" and {a.png}" if a.png else ""))
     return 1 if failed else 0
 

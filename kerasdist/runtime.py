@@ -100,8 +100,7 @@ def read_config():
         "fusion_tensor_limit": _env_number(
             "KERASDIST_FUSION_TENSOR_LIMIT", _MIB, int, 0
         ),
-        # Unset: -1, the engine's choice by topology (EngineConfig::spin_us).
-        "spin_us": _env_number("KERASDIST_SPIN_MICROSECONDS", -1, int, 0),
+        "spin_us": _env_number("KERASDIST_SPIN_MICROSECONDS", -1, int, 0),  # -1: by topology
         "direct_allreduce_bytes": _env_number(
             "KERASDIST_DIRECT_ALLREDUCE_BYTES", 64 * 1024, int, 0
         ),

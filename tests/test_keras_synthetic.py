@@ -20,7 +20,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(ROOT, "benchmarks", "keras_synthetic.py")
-CONFIGS = ("keras_np1_t2", "kd_np1_t2", "kd_np1_t1", "kd_np2_t1")
+CONFIGS = ("keras_np1_t2", "kd_np1_t2", "kd_np1_t1", "kd_np2_t1", "keras_2x_t1")
 MODELS = ("mnist", "embedding")
 
 
@@ -67,6 +67,12 @@ def test_quick_run_writes_positive_throughputs(tmp_path):
         summary = doc["summary"][model]
         assert _finite(summary["kd_np2_over_keras"]) and summary["kd_np2_over_keras"] > 0
         assert _finite(summary["scaling_efficiency"]) and summary["scaling_efficiency"] > 0
+        # Two plain-Keras processes side by side: independent, both counted.
+        pair = doc["results"][model]["keras_2x_t1"]
+        assert pair["independent"] and len(pair["cpu_per_rank"]) == 2
+        assert "kd-engine" not in str(pair["cpu_per_rank"])
+        assert _finite(summary["kd_np2_over_two_processes"])
+        assert summary["kd_np2_over_two_processes"] > 0
     # The embedding gradient reaches the optimizer as tf.IndexedSlices.
     grads = doc["results"]["embedding"]["kd_np2_t1"]["grad_types"]
     assert any("embedding" in k and v == "IndexedSlices" for k, v in grads.items()), grads

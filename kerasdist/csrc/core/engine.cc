@@ -278,7 +278,7 @@ void Engine::RunLoop(Status* exit_status) {
   int64_t heard_root_us = started_us;                  // workers
   bool running = true;
   std::string wire;     // rank 0: a worker's request, then
-  RequestList theirs;   // its decoding (Parse() overwrites what it reads)
+  RequestList theirs;   // its decoding (Parse() replaces all of it)
   while (running) {
     bool progressed = false;
     RequestList mine;
