@@ -1,18 +1,76 @@
 """Figures, table, plot and machine facts of `keras_synthetic.py`.
 
-Kept apart from the runner so each file stays readable; every function takes
-the runner's `configs` table (name -> (kerasdist?, ranks, threads, label)).
+Kept apart from the runner so each file stays readable. `combine` turns the
+ranks' JSON of one run into its record; `table` and `plot` take the runner's
+`configs` table (name -> (kerasdist?, ranks, threads, label)).
 """
 
 import math
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+
+def combine(record, ranks):
+    """Per-step max over ranks, median, samples/s and CPU figures.
+
+    Independent processes do not step together: each one's throughput is
+    its batch over its own median step, and the record's is their sum.
+    """
+    n = len(ranks[0]["step_s"])
+    window = max(r["window_s"] for r in ranks)
+    gb = record["global_batch"]
+    if record.get("independent"):
+        per_step = sorted(t for r in ranks for t in r["step_s"])
+        median = statistics.median(per_step)
+        sps = sum(r["batch"] / statistics.median(r["step_s"]) for r in ranks)
+        sps_mean = sum(r["batch"] * len(r["step_s"]) / r["window_s"] for r in ranks)
+        # How much of the longest window all of them were measuring at once.
+        starts, ends = zip(*(r["window_wall"] for r in ranks))
+        record["window_overlap"] = max(0.0, min(ends) - max(starts)) / max(
+            e - b for b, e in zip(starts, ends))
+    else:
+        per_step = [max(r["step_s"][i] for r in ranks) for i in range(n)]
+        median = statistics.median(per_step)
+        sps, sps_mean = gb / median, gb * n / window
+    record.update(
+        median_step_s=median,
+        p10_step_s=_quantile(per_step, 0.1), p90_step_s=_quantile(per_step, 0.9),
+        samples_per_s=sps, samples_per_s_mean=sps_mean,
+        first_batch_s=max(r["first_batch_s"] for r in ranks),
+        params=ranks[0]["params"], loss=[r["loss"] for r in ranks],
+        grad_types=ranks[0]["grad_types"], transport=ranks[0].get("transport"),
+    )
+    cpu = []
+    for r in ranks:
+        c = dict(r["cpu"], rank=r["rank"], window_s=r["window_s"])
+        c["process_cpu_ms_per_step"] = 1e3 * c["process_cpu_s"] / n
+        c["cpu_utilization"] = c["process_cpu_s"] / r["window_s"]
+        if c["engine_cpu_s"] is not None:
+            c["engine_cpu_ms_per_step"] = 1e3 * c["engine_cpu_s"] / n
+            c["engine_cpu_fraction"] = (c["engine_cpu_s"] / c["process_cpu_s"]
+                                        if c["process_cpu_s"] > 0 else float("nan"))
+        cpu.append(c)
+    record["cpu_per_rank"] = cpu
+    # CPU the rest of the machine used during the window (other jobs on this
+    # shared machine), in cores: all CPUs' busy time minus this run's ranks.
+    busy = max(c["machine_busy_s"] for c in cpu)
+    record["other_load_cores"] = max(0.0, busy - sum(c["process_cpu_s"] for c in cpu)) / window
+    fracs = [c.get("engine_cpu_fraction") for c in cpu]
+    if all(f is not None for f in fracs):
+        record["engine_cpu_fraction"] = max(fracs)
+        record["engine_cpu_fraction_per_rank"] = fracs
+
+
+def _quantile(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(round(q * (len(v) - 1)))))]
 
 
 def summarize(results):
@@ -115,11 +173,13 @@ def plot(results, summary, path, configs):
 
     models = list(results)
     cols = list(configs)
-    colors = ["#888888", "#9ecae1", "#4292c6", "#08519c", "#bbbbbb"]
+    palette = {"keras_np1_t2": "#888888", "kd_np1_t2": "#9ecae1", "kd_np1_t1": "#4292c6",
+               "kd_np2_t1": "#08519c", "keras_2x_t1": "#bbbbbb"}
+    colors = [palette.get(c, "#666666") for c in cols]
     fig, axes = plt.subplots(1, len(models) + 1, figsize=(4.4 * (len(models) + 1), 4.4))
     for ax, model in zip(axes, models):
         vals = [results[model].get(c, {}).get("samples_per_s") or 0 for c in cols]
-        bars = ax.bar(range(len(cols)), vals, color=colors[:len(cols)])
+        bars = ax.bar(range(len(cols)), vals, color=colors)
         for b, v in zip(bars, vals):
             ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.0f}" if v >= 10 else f"{v:.1f}",
                     ha="center", va="bottom", fontsize=8)
@@ -139,7 +199,7 @@ def plot(results, summary, path, configs):
         xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(models))]
         ax.bar(xs, vals, width, label=label, color=color)
         for x, v in zip(xs, vals):
-            ax.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+            ax.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=6, rotation=90)
         top = max([top] + [v * 1.15 for v in vals])
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xticks(list(range(len(models))))
@@ -162,5 +222,6 @@ def report_run(model, config, rec):
           f"  median step {1e3 * rec['median_step_s']:8.2f} ms"
           f"  (p10 {1e3 * rec['p10_step_s']:.2f}, p90 {1e3 * rec['p90_step_s']:.2f})"
           + (f"  engine CPU {100 * eng:.1f}%" if eng is not None else "")
+          + (f"  windows overlap {rec['window_overlap']:.2f}" if "window_overlap" in rec else "")
           + f"  others {rec['other_load_cores']:.2f} cores"
           + f"  [{rec['wall_s']:.0f} s, load {rec['loadavg_start'][0]:.1f}]", flush=True)

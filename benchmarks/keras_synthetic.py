@@ -13,7 +13,8 @@ Models (per-rank batch in brackets):
   dropout-dense128-dropout-dense10) on 28x28x1 inputs, Adam [128].
 - `resnet50`: `keras.applications.ResNet50(weights=None)` on 64x64x3 inputs
   with 10 classes, SGD with momentum as in Horovod's synthetic benchmark
-  [16]. Its 25.6 M parameters make a ~94 MiB gradient allreduce per step.
+  [16]. Its 23.6 M parameters (nearly all trainable) make a ~90 MiB
+  gradient allreduce per step.
 - `embedding`: `Embedding(100000, 64)` over 64 tokens per sample, average
   pooling, Dense(64, relu), Dense(10), Adam [128]. Its embedding gradient is
   a `tf.IndexedSlices` (checked in every run, see `grad_types` in the
@@ -106,15 +107,16 @@ import datetime
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from _synthetic_cpu import cpu_delta, cpu_snapshot
-from _synthetic_models import build_model, make_optimizer, synthetic_batch
-from _synthetic_report import machine_info, plot, report_run, summarize, table
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _synthetic_cpu import cpu_delta, cpu_snapshot  # noqa: E402
+from _synthetic_models import build_model, make_optimizer, synthetic_batch  # noqa: E402
+from _synthetic_report import (combine, machine_info, plot, report_run,  # noqa: E402
+                               summarize, table)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -208,8 +210,15 @@ def worker(a):
         def on_train_batch_end(self, batch, logs=None):
             self.ends.append(time.perf_counter())
             if len(self.ends) == a.warmup:
+                if a.peers > 1:
+                    # Independent processes start their measured windows
+                    # together; the window starts after the wait.
+                    wait_for_peers(a.out, a.index, a.peers, a.run_timeout)
+                    self.ends[-1] = time.perf_counter()
+                self.wall0 = time.time()
                 self.cpu0 = cpu_snapshot()
             elif len(self.ends) == total:
+                self.wall1 = time.time()
                 self.cpu1 = cpu_snapshot()
 
     timer = StepTimer()
@@ -232,7 +241,9 @@ def worker(a):
         "params": int(model.count_params()),
         "cpu": cpu_delta(timer.cpu0, timer.cpu1),
         "loadavg_before": load0, "loadavg_after": os.getloadavg(),
-        "grad_types": grad_types,
+        "grad_types": grad_types, "window_wall": [timer.wall0, timer.wall1],
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
     }
     if a.kerasdist:
         out["transport"] = hvd.runtime.transport_info() if size > 1 else None
@@ -244,6 +255,18 @@ def worker(a):
         hvd.shutdown()
 
 
+def wait_for_peers(out, index, peers, timeout):
+    """Marks this process ready and waits (bounded) until all peers are."""
+    with open(f"{out}.ready{index}", "w"):
+        pass
+    deadline = time.time() + timeout
+    while not all(os.path.exists(f"{out}.ready{i}") for i in range(peers)):
+        if time.time() > deadline:
+            raise RuntimeError(f"process {index}: the other independent processes did not "
+                               f"finish their warm-up within {timeout:.0f} s")
+        time.sleep(0.005)
+
+
 # ---------------------------------------------------------------- orchestrator
 
 def launcher(np_):
@@ -251,6 +274,40 @@ def launcher(np_):
     if os.path.exists(tool):
         return [tool, "-np", str(np_)]
     return [sys.executable, "-m", "kerasdist.runner", "-np", str(np_)]
+
+
+def run_all(cmds, logs, env, timeout):
+    """Runs the commands side by side; 0, the first failing exit code, or a
+    timeout message. A failure or the timeout stops the others; nothing is
+    left running, also if this process is interrupted."""
+    procs, rc = [], 0
+    try:
+        for c, path in zip(cmds, logs):
+            with open(path, "w") as log:
+                procs.append(subprocess.Popen(c, stdout=log, stderr=subprocess.STDOUT,
+                                              env=env, cwd=ROOT, start_new_session=True))
+        deadline = time.time() + timeout
+        while any(p.poll() is None for p in procs):
+            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+            if failed:
+                rc = failed[0]
+                break
+            if time.time() > deadline:
+                rc = f"timeout after {timeout} s"
+                break
+            time.sleep(0.2)
+        if rc == 0:
+            rc = next((p.returncode for p in procs if p.returncode), 0)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()  # kerasdist-run forwards it to the ranks
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+    return rc
 
 
 def run_config(model, config, a, workdir):
@@ -270,36 +327,22 @@ def run_config(model, config, a, workdir):
     if use_kd:
         cmds = [launcher(np_) + cmd + ["--kerasdist"]]
     else:  # np_ independent processes side by side (no communication)
-        cmds = [cmd + ["--index", str(i)] for i in range(np_)]
+        cmds = [cmd + ["--index", str(i), "--peers", str(np_),
+                       "--run-timeout", str(a.run_timeout)] for i in range(np_)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS=str(threads))
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    if a.malloc == "tuned":
-        env["GLIBC_TUNABLES"] = TUNED_MALLOC
+    if a.malloc == "tuned":  # after any the caller set, so these win
+        env["GLIBC_TUNABLES"] = ":".join(
+            t for t in (os.environ.get("GLIBC_TUNABLES"), TUNED_MALLOC) if t)
     record = {"config": config, "kerasdist": use_kd, "np": np_, "threads": threads,
               "batch_per_rank": batch, "global_batch": batch * np_, "steps": steps,
               "warmup": warmup, "independent": not use_kd and np_ > 1,
               "loadavg_start": os.getloadavg()}
     t0 = time.time()
-    log_path = out + ".log"
-    with open(log_path, "w") as log:
-        procs = [subprocess.Popen(c, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  cwd=ROOT, start_new_session=True) for c in cmds]
-        rc = 0
-        deadline = time.time() + a.run_timeout
-        for proc in procs:
-            try:
-                code = proc.wait(timeout=max(0.0, deadline - time.time()))
-                rc = rc or code
-            except subprocess.TimeoutExpired:
-                proc.terminate()  # kerasdist-run forwards it to the ranks
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                rc = f"timeout after {a.run_timeout} s"
+    logs = [f"{out}.{i}.log" for i in range(len(cmds))]
+    rc = run_all(cmds, logs, env, a.run_timeout)
     record["wall_s"] = time.time() - t0
     record["loadavg_end"] = os.getloadavg()
     ranks = []
@@ -310,64 +353,14 @@ def run_config(model, config, a, workdir):
         except OSError:
             pass
     if rc != 0 or len(ranks) != np_:
-        with open(log_path) as f:
-            tail = f.read()[-3000:]
+        tail = ""
+        for path in logs:
+            with open(path) as f:
+                tail += f"--- {os.path.basename(path)}\n" + f.read()[-3000 // len(logs):]
         record["error"] = f"exit {rc}, {len(ranks)}/{np_} rank results; output:\n{tail}"
         return record
     combine(record, ranks)
     return record
-
-
-def combine(record, ranks):
-    """Per-step max over ranks, median, samples/s and CPU figures.
-
-    Independent processes do not step together: each one's throughput is
-    its batch over its own median step, and the record's is their sum.
-    """
-    n = len(ranks[0]["step_s"])
-    window = max(r["window_s"] for r in ranks)
-    gb = record["global_batch"]
-    if record.get("independent"):
-        per_step = sorted(t for r in ranks for t in r["step_s"])
-        median = statistics.median(per_step)
-        sps = sum(r["batch"] / statistics.median(r["step_s"]) for r in ranks)
-        sps_mean = sum(r["batch"] * len(r["step_s"]) / r["window_s"] for r in ranks)
-    else:
-        per_step = [max(r["step_s"][i] for r in ranks) for i in range(n)]
-        median = statistics.median(per_step)
-        sps, sps_mean = gb / median, gb * n / window
-    record.update(
-        median_step_s=median,
-        p10_step_s=_quantile(per_step, 0.1), p90_step_s=_quantile(per_step, 0.9),
-        samples_per_s=sps, samples_per_s_mean=sps_mean,
-        first_batch_s=max(r["first_batch_s"] for r in ranks),
-        params=ranks[0]["params"], loss=[r["loss"] for r in ranks],
-        grad_types=ranks[0]["grad_types"], transport=ranks[0].get("transport"),
-    )
-    cpu = []
-    for r in ranks:
-        c = dict(r["cpu"], rank=r["rank"], window_s=r["window_s"])
-        c["process_cpu_ms_per_step"] = 1e3 * c["process_cpu_s"] / n
-        c["cpu_utilization"] = c["process_cpu_s"] / r["window_s"]
-        if c["engine_cpu_s"] is not None:
-            c["engine_cpu_ms_per_step"] = 1e3 * c["engine_cpu_s"] / n
-            c["engine_cpu_fraction"] = (c["engine_cpu_s"] / c["process_cpu_s"]
-                                        if c["process_cpu_s"] > 0 else float("nan"))
-        cpu.append(c)
-    record["cpu_per_rank"] = cpu
-    # CPU the rest of the machine used during the window (other jobs on this
-    # shared machine), in cores: all CPUs' busy time minus this run's ranks.
-    busy = max(c["machine_busy_s"] for c in cpu)
-    record["other_load_cores"] = max(0.0, busy - sum(c["process_cpu_s"] for c in cpu)) / window
-    fracs = [c.get("engine_cpu_fraction") for c in cpu]
-    if all(f is not None for f in fracs):
-        record["engine_cpu_fraction"] = max(fracs)
-        record["engine_cpu_fraction_per_rank"] = fracs
-
-
-def _quantile(values, q):
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, int(round(q * (len(v) - 1)))))]
 
 
 def main(argv=None):
@@ -404,6 +397,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--peers", type=int, default=1, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
@@ -466,10 +460,14 @@ def main(argv=None):
             "model_specs": {m: MODELS[m] for m in models}, "quick": a.quick,
             "steps": a.steps, "warmup": a.warmup, "repeats": a.repeats,
             "busy_cores": a.busy_cores, "busy_retries": a.busy_retries,
-            "malloc": a.malloc, "glibc_tunables": TUNED_MALLOC if a.malloc == "tuned" else
-            os.environ.get("GLIBC_TUNABLES"), "timing": (
+            "malloc": a.malloc, "glibc_tunables": ":".join(
+                t for t in (os.environ.get("GLIBC_TUNABLES"),
+                            TUNED_MALLOC if a.malloc == "tuned" else None) if t) or None,
+            "timing": (
                 "fit over Dataset.from_tensors(batch).repeat(); step = interval between "
-                "on_train_batch_end calls after the warm-up, max over ranks, median"),
+                "on_train_batch_end calls after the warm-up, max over ranks, median; "
+                "independent processes (keras_2x_t1) start their windows together and "
+                "their samples/s is the sum of each one's batch / own median step"),
             "argv": sys.argv[1:]},
         "results": results, "summary": summary, "table": text, "failed": failed,
     }

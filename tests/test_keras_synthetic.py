@@ -1,7 +1,8 @@
 """Smoke test of benchmarks/keras_synthetic.py in its --quick mode.
 
-It runs the whole benchmark (plain Keras np=1, kerasdist np=1 and np=2, real
-`fit` steps and real kerasdist collectives) on two small models, under a
+It runs the whole benchmark (plain Keras np=1, kerasdist np=1 and np=2, two
+plain-Keras processes side by side; real `fit` steps and real kerasdist
+collectives) on two small models, under a
 hard timeout that kills the process group, and checks the JSON it writes:
 a positive, finite throughput for every configuration and a finite engine
 CPU fraction at np=2. No timing thresholds: the machines are shared and
@@ -73,6 +74,10 @@ def test_quick_run_writes_positive_throughputs(tmp_path):
         assert "kd-engine" not in str(pair["cpu_per_rank"])
         assert _finite(summary["kd_np2_over_two_processes"])
         assert summary["kd_np2_over_two_processes"] > 0
+        assert _finite(summary["two_processes_over_keras"])
+        # They started their measured windows together (a file barrier).
+        assert 0.0 <= pair["window_overlap"] <= 1.0
+        assert pair["global_batch"] == 2 * pair["batch_per_rank"]
     # The embedding gradient reaches the optimizer as tf.IndexedSlices.
     grads = doc["results"]["embedding"]["kd_np2_t1"]["grad_types"]
     assert any("embedding" in k and v == "IndexedSlices" for k, v in grads.items()), grads
