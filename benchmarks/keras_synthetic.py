@@ -153,6 +153,13 @@ QUICK_MODELS = ["mnist", "embedding"]
 QUICK_WARMUP = 2
 
 
+def glibc_tunables(malloc):
+    """The `GLIBC_TUNABLES` the workers run with: the caller's, then
+    `TUNED_MALLOC` for `--malloc tuned` (later entries win), or None."""
+    parts = (os.environ.get("GLIBC_TUNABLES"), TUNED_MALLOC if malloc == "tuned" else None)
+    return ":".join(t for t in parts if t) or None
+
+
 # ---------------------------------------------------------------- worker (one rank)
 
 def worker(a):
@@ -333,9 +340,8 @@ def run_config(model, config, a, workdir):
                OMP_NUM_THREADS=str(threads))
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    if a.malloc == "tuned":  # after any the caller set, so these win
-        env["GLIBC_TUNABLES"] = ":".join(
-            t for t in (os.environ.get("GLIBC_TUNABLES"), TUNED_MALLOC) if t)
+    if a.malloc == "tuned":
+        env["GLIBC_TUNABLES"] = glibc_tunables(a.malloc)
     record = {"config": config, "kerasdist": use_kd, "np": np_, "threads": threads,
               "batch_per_rank": batch, "global_batch": batch * np_, "steps": steps,
               "warmup": warmup, "independent": not use_kd and np_ > 1,
@@ -460,9 +466,7 @@ def main(argv=None):
             "model_specs": {m: MODELS[m] for m in models}, "quick": a.quick,
             "steps": a.steps, "warmup": a.warmup, "repeats": a.repeats,
             "busy_cores": a.busy_cores, "busy_retries": a.busy_retries,
-            "malloc": a.malloc, "glibc_tunables": ":".join(
-                t for t in (os.environ.get("GLIBC_TUNABLES"),
-                            TUNED_MALLOC if a.malloc == "tuned" else None) if t) or None,
+            "malloc": a.malloc, "glibc_tunables": glibc_tunables(a.malloc),
             "timing": (
                 "fit over Dataset.from_tensors(batch).repeat(); step = interval between "
                 "on_train_batch_end calls after the warm-up, max over ranks, median; "
