@@ -209,9 +209,12 @@ def bench_size(nbytes, bench, comm, kd, tf):
     for key in ("kd_eager", "kd_fn", "mpich"):
         row[key + "_s"], row[key + "_busbw_GBps"] = t[key], bus / t[key] / 1e9
     row["memcpy_s"], row["memcpy_GBps"] = t["memcpy"], nbytes / t["memcpy"] / 1e9
+    # The printed ratios are the `tf.function`'s (the targets are set there);
+    # the JSON also keeps the faster of eager and `tf.function`, as before.
     best = min(t["kd_eager"], t["kd_fn"])
-    row["bw_ratio_kd_best_over_mpich"] = t["mpich"] / best
-    row["bw_ratio_kd_best_over_memcpy"] = bus / best / 1e9 / row["memcpy_GBps"]
+    for name, kd_s in (("kd_fn", t["kd_fn"]), ("kd_best", best)):
+        row[f"bw_ratio_{name}_over_mpich"] = t["mpich"] / kd_s
+        row[f"bw_ratio_{name}_over_memcpy"] = bus / kd_s / 1e9 / row["memcpy_GBps"]
     return row
 
 
@@ -302,16 +305,17 @@ def machine_info(comm, kd, tf):
 def print_report(rows, grouped, floors, size):
     """Prints the table, the 4 KiB latency lines and the grouped step."""
     cols = " | ".join(f"{'time':>9} {'busGB/s':>8}" for _ in range(3))
-    sub = f"{'':>8} | {cols} | {'GB/s':>7} | {'kd/MPICH':>8} | {'kd/memcp':>8}"
+    sub = f"{'':>8} | {cols} | {'GB/s':>7} | {'fn/MPICH':>8} | {'fn/memcp':>8}"
     print(f"\nkerasdist allreduce, float32, op=Sum, {size} ranks; time per op = max "
-          "over ranks of min over blocks of block medians; ratios are of bandwidth")
+          "over ranks of min over blocks of block medians; ratios are of bandwidth, "
+          "kd tf.function over MPICH and over memcpy")
     print(f"{'size':>8} | {'kd eager':^18} | {'kd tf.function':^18} | {'MPICH':^18} | "
           f"{'memcpy':>7} | {'ratio':>8} | {'ratio':>8}", sub, "-" * len(sub), sep="\n")
     for r in rows:
         cells = " | ".join(f"{fmt_time(r[k + '_s']):>9} {r[k + '_busbw_GBps']:8.2f}"
                            for k in ("kd_eager", "kd_fn", "mpich"))
         print(f"{fmt_size(r['bytes']):>8} | {cells} | {r['memcpy_GBps']:7.2f} | "
-              f"{r['bw_ratio_kd_best_over_mpich']:8.2f} | {r['bw_ratio_kd_best_over_memcpy']:8.3f}")
+              f"{r['bw_ratio_kd_fn_over_mpich']:8.2f} | {r['bw_ratio_kd_fn_over_memcpy']:8.3f}")
     for r in (r for r in rows if r["bytes"] == 4 * KIB):
         print(f"\nLatency of one 4 KiB allreduce: kd eager {fmt_time(r['kd_eager_s']).strip()}, "
               f"kd tf.function {fmt_time(r['kd_fn_s']).strip()}, "

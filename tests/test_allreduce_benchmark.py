@@ -26,6 +26,10 @@ def test_quick_run_checks_sums_and_writes_every_row(tmp_path):
     for row in doc["sizes"]:
         for key in ("kd_eager_s", "kd_fn_s", "mpich_s", "memcpy_s"):
             assert math.isfinite(row[key]) and row[key] > 0, (key, row)
+        # The printed ratio is the tf.function's own, not the faster path's.
+        assert math.isclose(row["bw_ratio_kd_fn_over_mpich"],
+                            row["mpich_s"] / row["kd_fn_s"]), row
+        assert row["bw_ratio_kd_best_over_mpich"] >= row["bw_ratio_kd_fn_over_mpich"], row
     grouped = doc["grouped_step_s"]
     assert {"tf.function split+concat only", "tf.function identity only",
             "MPICH 100x4 KiB"} <= set(grouped), grouped
