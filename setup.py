@@ -81,18 +81,82 @@ def _mpi_flags():
     return wrapper, cflags, lflags
 
 
+ENGINE_LIBRARY = "libkerasdist.so"
+CORE_SOURCES = sorted(glob.glob("kerasdist/csrc/core/*/*.cc")) + sorted(
+    glob.glob("kerasdist/csrc/capi/*.cc"))
+TF_SOURCES = sorted(glob.glob("kerasdist/csrc/tf/*.cc"))
+INCLUDE_DIRS = ["kerasdist/csrc/core", "kerasdist/csrc"]
+
+
+def _newer(target, inputs):
+    return not os.path.exists(target) or any(
+        os.path.getmtime(p) > os.path.getmtime(target) for p in inputs)
+
+
+def _build_engine_library(wrapper, out_dir, temp_dir, jobs):
+    """Compiles the C++ core and its C API into libkerasdist.so.
+
+    Framework-free: MPI's flags only. Every binding (the TensorFlow op
+    library, ctypes) loads this one library, so a process has one engine.
+    """
+    headers = glob.glob("kerasdist/csrc/**/*.h", recursive=True)
+    flags = ["-std=c++17", "-O3", "-fPIC", "-DNDEBUG", "-pthread",
+             "-Wno-sign-compare"] + [f"-I{d}" for d in INCLUDE_DIRS]
+    os.makedirs(temp_dir, exist_ok=True)
+    objects, todo = [], []
+    for src in CORE_SOURCES:
+        obj = os.path.join(temp_dir, src.replace("/", "_")[:-3] + ".o")
+        objects.append(obj)
+        if _newer(obj, [src, __file__] + headers):
+            todo.append([wrapper, *flags, "-c", src, "-o", obj])
+
+    def compile_one(cmd):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        return None if proc.returncode == 0 else " ".join(cmd) + "\n" + proc.stderr
+
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        errors = [e for e in pool.map(compile_one, todo) if e]
+    if errors:
+        _fail("compiling the engine library failed:\n" + "\n".join(errors)[-6000:])
+    os.makedirs(out_dir, exist_ok=True)
+    target = os.path.join(out_dir, ENGINE_LIBRARY)
+    if todo or not os.path.exists(target):
+        # mpicxx adds -lmpi; the rpath finds the same libmpi that mpi4py loads.
+        libdirs = [a[2:] for a in _mpi_flags()[2] if a.startswith("-L")]
+        rpaths = [f"-Wl,-rpath,{d}" for d in libdirs]
+        cmd = [wrapper, "-shared", "-pthread", *objects, "-o", target,
+               f"-Wl,-soname,{ENGINE_LIBRARY}", *rpaths]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            _fail("linking the engine library failed:\n" + proc.stderr[-6000:])
+    return target
+
+
 class BuildOps(build_ext):
-    """Compiles kerasdist/csrc with TensorFlow's and MPI's flags."""
+    """Builds the engine library, then the TensorFlow op library on it."""
 
     def finalize_options(self):
         super().finalize_options()
         if not self.parallel:
             self.parallel = os.cpu_count() or 1
 
+    def copy_extensions_to_source(self):
+        # In-place and editable builds load the package from the source tree,
+        # where the engine library must sit beside the op library.
+        super().copy_extensions_to_source()
+        shutil.copy2(self._engine, os.path.join(HERE, "kerasdist", ENGINE_LIBRARY))
+
     def build_extensions(self):
         tf = _tensorflow()
-        wrapper, mpi_cflags, mpi_lflags = _mpi_flags()
-        cflags = list(tf.sysconfig.get_compile_flags()) + mpi_cflags + [
+        wrapper, _, _ = _mpi_flags()
+        out_dir = os.path.dirname(self.get_ext_fullpath("kerasdist._kerasdist_tf"))
+        self._engine = _build_engine_library(
+            wrapper, out_dir, os.path.join(self.build_temp, "engine"), self.parallel)
+        # The op library includes only the C API and links the engine library
+        # beside it: it compiles no core source.
+        cflags = list(tf.sysconfig.get_compile_flags()) + [
             "-O3",
             "-fPIC",
             "-Wno-deprecated-declarations",
@@ -100,7 +164,8 @@ class BuildOps(build_ext):
             "-DNDEBUG",
             f'-DKERASDIST_TF_VERSION="{tf.__version__}"',
         ]
-        lflags = list(tf.sysconfig.get_link_flags()) + mpi_lflags
+        lflags = list(tf.sysconfig.get_link_flags()) + [
+            f"-L{out_dir}", "-l:" + ENGINE_LIBRARY, "-Wl,-rpath,$ORIGIN"]
         for ext in self.extensions:
             ext.extra_compile_args = cflags
             ext.extra_link_args = lflags
@@ -111,7 +176,7 @@ class BuildOps(build_ext):
         self.compiler.set_executable("linker_so", [cxx] + self.compiler.linker_so[1:])
         super().build_extensions()
         info = (
-            "# Written by setup.py when the op library was built.\n"
+            "# Written by setup.py when the libraries were built.\n"
             f"TF_VERSION = {tf.__version__!r}\n"
             f"MPI_WRAPPER = {wrapper!r}\n"
             f"KERASDIST_VERSION = {VERSION!r}\n"
@@ -128,10 +193,6 @@ class BuildOps(build_ext):
                 f.write(info)
 
 
-sources = sorted(glob.glob("kerasdist/csrc/core/*.cc")) + sorted(
-    glob.glob("kerasdist/csrc/tf/*.cc")
-)
-
 setup(
     name="kerasdist",
     version=VERSION,
@@ -144,7 +205,9 @@ setup(
     packages=["kerasdist", "kerasdist.callbacks"],
     package_dir={"kerasdist": "kerasdist", "kerasdist.callbacks": "callbacks"},
     ext_modules=[
-        Extension("kerasdist._kerasdist_ops", sources=sources, language="c++")
+        Extension("kerasdist._kerasdist_tf", sources=TF_SOURCES, include_dirs=["kerasdist/csrc"],
+                  depends=glob.glob("kerasdist/csrc/**/*.h", recursive=True),
+                  language="c++")
     ],
     cmdclass={"build_ext": BuildOps},
     install_requires=["mpi4py>=4", "numpy", "cloudpickle"],

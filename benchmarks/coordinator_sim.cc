@@ -40,9 +40,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "coordinator.h"
-#include "message.h"
-#include "transport.h"  // NowMicros
+#include "coordinator/coordinator.h"
+#include "wire/message.h"
+#include "transport/transport.h"  // NowMicros
 
 using namespace kerasdist;
 

@@ -20,15 +20,56 @@ _REBUILD = (
 )
 
 
-def library_path():
-    """Returns the path of the op library, or raises ImportError."""
-    found = sorted(glob.glob(os.path.join(_HERE, "_kerasdist_ops*.so")))
+# The C API version (KERASDIST_API_VERSION in csrc/capi/kerasdist.h) this
+# Python code speaks.
+API_VERSION = 1
+ENGINE_LIBRARY = "libkerasdist.so"
+
+
+def _find(pattern, what):
+    found = sorted(glob.glob(os.path.join(_HERE, pattern)))
     if not found:
         raise ImportError(
-            "kerasdist's op library (_kerasdist_ops*.so) was not found in "
-            f"{_HERE}: kerasdist has not been built. " + _REBUILD
+            f"kerasdist's {what} ({pattern}) was not found in {_HERE}: kerasdist "
+            "has not been built. " + _REBUILD
         )
     return found[0]
+
+
+def library_path():
+    """Returns the path of the TensorFlow op library, or raises ImportError."""
+    return _find("_kerasdist_tf*.so", "TensorFlow op library")
+
+
+def engine_library_path():
+    """Returns the path of the engine library, or raises ImportError."""
+    return _find(ENGINE_LIBRARY, "engine library")
+
+
+class Config(ctypes.Structure):
+    """`kerasdist_config` of the C API."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_int32),
+        ("fusion_threshold_bytes", ctypes.c_int64),
+        ("fusion_tensor_limit_bytes", ctypes.c_int64),
+        ("cycle_time_us", ctypes.c_int64),
+        ("stall_warning_us", ctypes.c_int64),
+        ("stall_shutdown_us", ctypes.c_int64),
+        ("deadlock_us", ctypes.c_int64),
+        ("timeout_ms", ctypes.c_int64),
+        ("init_timeout_ms", ctypes.c_int64),
+        ("segment_bytes", ctypes.c_int64),
+        ("cache_capacity", ctypes.c_int64),
+        ("small_allreduce_bytes", ctypes.c_int64),
+        ("spin_us", ctypes.c_int64),
+        ("direct_allreduce_bytes", ctypes.c_int64),
+        ("direct_group_bytes", ctypes.c_int64),
+        ("shared_memory", ctypes.c_int32),
+        ("hierarchical", ctypes.c_int32),
+        ("timeline_path", ctypes.c_char_p),
+        ("version", ctypes.c_char_p),
+    ]
 
 
 def built_tf_version():
@@ -81,34 +122,64 @@ def load():
     # links against the same libmpi.
     _import_mpi_bounded()
 
+    lib = load_engine()
     try:
         ops = tf.load_op_library(path)
     except Exception as e:  # undefined symbols, wrong ABI, ...
         raise ImportError(
             f"kerasdist's op library {path} could not be loaded: {e}. " + _REBUILD
         ) from e
-    lib = ctypes.CDLL(path)
-    ll = ctypes.c_longlong
-    lib.kerasdist_init.argtypes = [
-        ctypes.c_int, ll, ll, ll, ll, ll, ll, ll, ctypes.c_int, ctypes.c_char_p,
-        ctypes.c_char_p, ll, ctypes.c_int, ll, ll, ll, ll, ll, ll, ctypes.c_char_p, ctypes.c_int,
-    ]
-    lib.kerasdist_topology.argtypes = [ctypes.POINTER(ctypes.c_int)]
-    lib.kerasdist_add_process_set.argtypes = [
-        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ll, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
-    lib.kerasdist_remove_process_set.argtypes = [ctypes.c_int]
-    lib.kerasdist_exit_guard.argtypes = [ctypes.c_double]
-    lib.kerasdist_cache_entries.restype = ll
-    lib.kerasdist_direct_ops.restype = ll
-    lib.kerasdist_spin_us.restype = ll
-    lib.kerasdist_init.restype = ctypes.c_int
-    lib.kerasdist_built_tf_version.restype = ctypes.c_char_p
-    lib.kerasdist_transport_name.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    lib.kerasdist_built_tf_version.restype = ctypes.c_char_p
-    lib_built = lib.kerasdist_built_tf_version().decode()
+    oplib = ctypes.CDLL(path)
+    oplib.kerasdist_tf_api_version.restype = ctypes.c_int32
+    oplib.kerasdist_built_tf_version.restype = ctypes.c_char_p
+    if oplib.kerasdist_tf_api_version() != API_VERSION:
+        raise ImportError(
+            f"kerasdist's op library {path} speaks C API version "
+            f"{oplib.kerasdist_tf_api_version()}, but the engine library speaks "
+            f"{API_VERSION}. " + _REBUILD
+        )
+    lib_built = oplib.kerasdist_built_tf_version().decode()
     if lib_built != tf.__version__:
         raise ImportError(
             f"kerasdist's op library was built against TensorFlow {lib_built}, "
             f"but TensorFlow {tf.__version__} is installed. " + _REBUILD
         )
+    lib.kerasdist_built_tf_version = oplib.kerasdist_built_tf_version
     return ops, lib, path
+
+
+def load_engine():
+    """Loads the engine library (no framework) and checks its C API version."""
+    _import_mpi_bounded()
+    path = engine_library_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError(
+            f"kerasdist's engine library {path} could not be loaded: {e}. " + _REBUILD
+        ) from e
+    lib.kerasdist_api_version.restype = ctypes.c_int32
+    version = lib.kerasdist_api_version()
+    if version != API_VERSION:
+        raise ImportError(
+            f"kerasdist's engine library {path} has C API version {version}, but "
+            f"this kerasdist expects {API_VERSION}. " + _REBUILD
+        )
+    i32, ll, char_p = ctypes.c_int32, ctypes.c_longlong, ctypes.c_char_p
+    lib.kerasdist_config_defaults.argtypes = [ctypes.POINTER(Config)]
+    lib.kerasdist_config_defaults.restype = None
+    lib.kerasdist_init.argtypes = [i32, ctypes.POINTER(Config), char_p, i32]
+    lib.kerasdist_init.restype = i32
+    lib.kerasdist_topology.argtypes = [ctypes.POINTER(i32)]
+    lib.kerasdist_add_process_set.argtypes = [
+        i32, i32, i32, i32, ctypes.c_int64, char_p, char_p, i32]
+    lib.kerasdist_add_process_set.restype = i32
+    lib.kerasdist_remove_process_set.argtypes = [i32]
+    lib.kerasdist_process_set_info.argtypes = [i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
+    lib.kerasdist_check_process_set.argtypes = [i32, char_p, i32]
+    lib.kerasdist_exit_guard.argtypes = [ctypes.c_double]
+    lib.kerasdist_cache_entries.restype = ll
+    lib.kerasdist_direct_ops.restype = ll
+    lib.kerasdist_spin_us.restype = ll
+    lib.kerasdist_transport_name.argtypes = [char_p, i32]
+    return lib

@@ -332,29 +332,27 @@ def init(comm=None, process_sets=None):
         ctx.atexit_registered = True
     mpi_comm = _resolve_comm(comm, config["init_timeout_s"])
     err = ctypes.create_string_buffer(4096)
-    rc = ctx.lib.kerasdist_init(
-        mpi_comm.py2f(),
-        config["fusion_threshold"],
-        int(config["cycle_time_ms"] * 1000),
-        int(config["stall_check_s"] * 1e6),
-        int(config["stall_shutdown_s"] * 1e6),
-        int(config["timeout_s"] * 1000),
-        int(config["init_timeout_s"] * 1000),
-        config["segment_bytes"],
-        int(config["shared_memory"]),
-        config["timeline"].encode(),
-        _package_version().encode(),
-        int(config["deadlock_s"] * 1e6),
-        config["hierarchical"],
-        config["cache_capacity"],
-        config["small_allreduce_bytes"],
-        config["fusion_tensor_limit"],
-        config["spin_us"],
-        config["direct_allreduce_bytes"],
-        config["direct_group_bytes"],
-        err,
-        len(err),
-    )
+    c = _library.Config()
+    ctx.lib.kerasdist_config_defaults(ctypes.byref(c))
+    c.fusion_threshold_bytes = config["fusion_threshold"]
+    c.fusion_tensor_limit_bytes = config["fusion_tensor_limit"]
+    c.cycle_time_us = int(config["cycle_time_ms"] * 1000)
+    c.stall_warning_us = int(config["stall_check_s"] * 1e6)
+    c.stall_shutdown_us = int(config["stall_shutdown_s"] * 1e6)
+    c.deadlock_us = int(config["deadlock_s"] * 1e6)
+    c.timeout_ms = int(config["timeout_s"] * 1000)
+    c.init_timeout_ms = int(config["init_timeout_s"] * 1000)
+    c.segment_bytes = config["segment_bytes"]
+    c.cache_capacity = config["cache_capacity"]
+    c.small_allreduce_bytes = config["small_allreduce_bytes"]
+    c.spin_us = config["spin_us"]
+    c.direct_allreduce_bytes = config["direct_allreduce_bytes"]
+    c.direct_group_bytes = config["direct_group_bytes"]
+    c.shared_memory = int(config["shared_memory"])
+    c.hierarchical = config["hierarchical"]
+    c.timeline_path = config["timeline"].encode()
+    c.version = _package_version().encode()
+    rc = ctx.lib.kerasdist_init(mpi_comm.py2f(), ctypes.byref(c), err, len(err))
     if rc != 0:
         ctx.stray_messages = True  # the roll call after a timeout
         raise RuntimeError(f"kerasdist.init() failed: {err.value.decode()}")
@@ -363,7 +361,7 @@ def init(comm=None, process_sets=None):
     # The engine learned the topology in its bounded setup exchange (ranks
     # on one host share a host name), so no blocking MPI collective runs
     # here, while the engine thread already uses MPI.
-    topo = (ctypes.c_int * 6)()
+    topo = (ctypes.c_int32 * 6)()
     ctx.lib.kerasdist_topology(topo)
     ctx.local_rank, ctx.local_size, ctx.cross_rank, ctx.cross_size = topo[:4]
     ctx.homogeneous = bool(topo[4])

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "context.h"
-#include "engine.h"
-#include "reduce.h"
+#include "engine/context.h"
+#include "engine/engine.h"
+#include "algorithms/reduce.h"
 
 namespace kdt {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "driver_util.h"
-#include "message.h"
+#include "wire/message.h"
 
 namespace kdt {
 

@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace kerasdist {
+namespace kerasdist_tf {
 
 constexpr size_t kHugePageBytes = size_t{2} << 20;
 constexpr size_t kAdviseHugePagesFrom = size_t{8} << 20;
@@ -28,4 +28,4 @@ inline void AdviseHugePages(const void* data, size_t bytes) {
   if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
 }
 
-}  // namespace kerasdist
+}  // namespace kerasdist_tf
