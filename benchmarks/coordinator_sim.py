@@ -32,7 +32,8 @@ ROOT = os.path.dirname(HERE)
 CORE = os.path.join(ROOT, "kerasdist", "csrc", "core")
 SOURCE = os.path.join(HERE, "coordinator_sim.cc")
 RESULTS = os.path.join(HERE, "results")
-CORE_SOURCES = ("coordinator*.cc", "message.cc", "common.cc", "clock.cc")
+CORE_SOURCES = ("coordinator/coordinator*.cc", "wire/message.cc", "common/common.cc",
+                "common/clock.cc")
 # The core's flags from setup.py, minus TensorFlow's and MPI's (the core
 # needs neither), at -O2.
 CXXFLAGS = ["-std=c++17", "-O2", "-DNDEBUG", "-D_GLIBCXX_USE_CXX11_ABI=1",
@@ -53,7 +54,7 @@ def build(core=CORE):
     sources = [SOURCE] + sorted(p for f in CORE_SOURCES for p in glob.glob(os.path.join(core, f)))
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     h = hashlib.sha256((" ".join(CXXFLAGS) + "\0" + version).encode())
-    for path in sources + sorted(glob.glob(os.path.join(core, "*.h"))):
+    for path in sources + sorted(glob.glob(os.path.join(core, "*", "*.h"))):
         with open(path, "rb") as f:
             h.update(b"\0" + os.path.basename(path).encode() + b"\0" + f.read())
     out_dir = os.path.join(CACHE, h.hexdigest()[:20])

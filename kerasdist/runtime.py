@@ -379,7 +379,7 @@ def init(comm=None, process_sets=None):
 
 
 # How long exiting may take after a failed collective before the process
-# ends itself (see kerasdist_exit_guard in csrc/tf/c_api.cc).
+# ends itself (see kerasdist_exit_guard in csrc/capi/process.cc).
 _EXIT_BOUND_SECONDS = 5.0
 
 

@@ -1,7 +1,8 @@
 """The C++ core alone under AddressSanitizer and UndefinedBehaviorSanitizer.
 
 tests/cpp/core_driver.cc (with sweep.cc, soak.cc, faults.cc, fuzz.cc) is
-compiled together with every kerasdist/csrc/core/*.cc by the environment's
+compiled together with the engine library's sources (every .cc under
+kerasdist/csrc/core/ and kerasdist/csrc/capi/) by the environment's
 mpicxx, with -fsanitize=address,undefined, and run under the environment's
 mpiexec: no TensorFlow and no Python in the processes under test.
 
@@ -37,7 +38,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-CORE = os.path.join(ROOT, "kerasdist", "csrc", "core")
+CSRC = os.path.join(ROOT, "kerasdist", "csrc")
+ENGINE_DIRS = ("core", "capi")  # the engine library; not tf/
 DRIVER = os.path.join(HERE, "cpp")
 BIN_DIR = os.path.dirname(sys.executable)
 MPICXX = os.path.join(BIN_DIR, "mpicxx")
@@ -68,7 +70,8 @@ def _compiler_identity():
 def _compile(args):
     src, obj, include = args
     tmp = f"{obj}.{os.getpid()}.tmp"
-    cmd = [MPICXX, *CXXFLAGS, "-I", include, "-c", src, "-o", tmp]
+    cmd = [MPICXX, *CXXFLAGS, "-I", os.path.join(include, "core"), "-I", include,
+           "-c", src, "-o", tmp]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
@@ -100,12 +103,18 @@ def _dependencies(src, dirs):
 
 def _build(workdir):
     """Snapshots the core, compiles (2 at a time, cached) and links."""
-    snap = os.path.join(workdir, "core")
-    os.makedirs(snap)
-    for path in glob.glob(os.path.join(CORE, "*.cc")) + glob.glob(os.path.join(CORE, "*.h")):
-        shutil.copy2(path, snap)
-    sources = sorted(glob.glob(os.path.join(snap, "*.cc")))
-    sources += sorted(glob.glob(os.path.join(DRIVER, "*.cc")))
+    snap = os.path.join(workdir, "csrc")
+    sources = []
+    for top in ENGINE_DIRS:
+        for path in glob.glob(os.path.join(CSRC, top, "**", "*.*"), recursive=True):
+            if not path.endswith((".cc", ".h")):
+                continue
+            dest = os.path.join(snap, os.path.relpath(path, CSRC))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy2(path, dest)
+            if dest.endswith(".cc"):
+                sources.append(dest)
+    sources = sorted(sources) + sorted(glob.glob(os.path.join(DRIVER, "*.cc")))
     base = hashlib.sha256(" ".join(CXXFLAGS).encode() + _compiler_identity().encode()).digest()
     os.makedirs(CACHE, exist_ok=True)
     jobs, objects = [], []
@@ -113,10 +122,12 @@ def _build(workdir):
         h = hashlib.sha256(base)
         with open(src, "rb") as f:
             h.update(os.path.basename(src).encode() + b"\0" + f.read())
-        for path, text in _dependencies(src, [os.path.dirname(src), snap]):
+        for path, text in _dependencies(
+                src, [os.path.dirname(src), os.path.join(snap, "core"), snap]):
             h.update(b"\0" + os.path.basename(path).encode() + b"\0" + text)
         key = h.hexdigest()
-        obj = os.path.join(CACHE, f"{os.path.basename(src)[:-3]}-{key[:24]}.o")
+        stem = os.path.relpath(src, snap if src.startswith(snap) else DRIVER)[:-3]
+        obj = os.path.join(CACHE, f"{stem.replace(os.sep, '_')}-{key[:24]}.o")
         objects.append(obj)
         if not os.path.exists(obj):
             jobs.append((src, obj, snap))

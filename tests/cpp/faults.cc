@@ -104,7 +104,7 @@ void DirectAllreduce(kerasdist::Engine* e, int rank, int size, const std::string
 }
 
 // A checked float32 sum grouped allreduce of tensors of `counts` elements,
-// as the grouped kernel runs it (ops.cc): one request listing the tensors'
+// as the C API runs a group (capi/enqueue.cc): one request listing the tensors'
 // buffers, which the board takes once the group has a place there;
 // otherwise (or when the group outgrows its place) a request per tensor
 // named "<base>.<i>", the first telling rank 0 the group's size and bytes.

@@ -1,8 +1,8 @@
 // Common vocabulary of the kerasdist engine: data types, reduce ops, status.
 //
 // This header and everything in csrc/core is framework-free C++17: no
-// TensorFlow include may appear here. The op binding (csrc/tf) maps these
-// types to and from TensorFlow's.
+// framework include may appear here. The C API (csrc/capi) carries these
+// as plain integers; each binding maps them to its framework's own.
 #pragma once
 
 #include <cstddef>

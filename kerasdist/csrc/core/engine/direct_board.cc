@@ -316,7 +316,7 @@ void DirectBoard::Publish(size_t offset, size_t capacity, uint64_t round,
     h->kind = kJoined;
   } else {
     // A group's request describes all its tensors as one vector of their
-    // total size (ops.cc); the hash covers each tensor's own shape.
+    // total size (capi/enqueue.cc); the hash covers each tensor's own shape.
     const TensorMeta& m = request->meta;
     int64_t count = 1;
     for (int64_t d : m.shape) count *= d;

@@ -13,7 +13,7 @@ namespace kerasdist {
 
 namespace {
 
-const char kJoinName[] = "__kerasdist_join__";  // the name ops.cc gives join()
+const char kJoinName[] = "__kerasdist_join__";  // the name every binding gives join() (the C API)
 
 }  // namespace
 
