@@ -276,6 +276,17 @@ def test_faults(driver):
     assert out.count("FAULT mismatch 'direct.mm'") == 2
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_c_api(driver, np):
+    # The engine library as a binding reaches it: kerasdist_init from a
+    # Fortran communicator, handles and callbacks, negotiated outputs, errors
+    # before enqueueing, a released pending handle, shutdown while waiting.
+    rc, out = run_driver(driver, ["capi"], np=np, timeout=120)
+    assert rc == 0, out[-6000:]
+    expect_pass(out, r"^PASS capi rank \d", np)
+    expect_pass(out, r"^PASS capi-shutdown rank \d", np)
+
+
 # Over MPI this once crashed (SEGV in ucp_request_cancel <- MPI_Cancel of an
 # unfinished send): sends are no longer cancelled, only left to MPI.
 @pytest.mark.parametrize("shm", [True, False], ids=["shm", "mpi"])

@@ -8,6 +8,7 @@
 //   core_driver faults [--no-shm]                mismatch, duplicate, recreate
 //   core_driver sigstop [--no-shm]               np=2: rank 1 freezes itself
 //   core_driver overflow | overflow-prescale     integer overflow cases
+//   core_driver capi                             the engine library's C API
 //
 // Each part prints "PASS <part> ..." lines; any failure prints
 // "DRIVER FAIL" and aborts, which makes hydra stop the job.
@@ -85,6 +86,8 @@ int main(int argc, char** argv) {
     ctx.reset();
   } else if (mode == "faults") {
     kdt::RunFaults(shm, rank, size);
+  } else if (mode == "capi") {
+    kdt::RunCApi(rank, size);
   } else if (mode == "sigstop") {
     kdt::RunSigstop(shm, rank, size);  // exits
   } else if (mode == "overflow" || mode == "overflow-prescale") {

@@ -337,6 +337,7 @@ int RunScatterSweep(kerasdist::Engine* e, int rank, int size);
 int RunSoak(kerasdist::Engine* e, int rank, int size, uint64_t seed, int rounds);
 int RunFuzz(uint64_t seed, int iterations);
 void RunFaults(bool shm, int rank, int size);
+void RunCApi(int rank, int size);  // capi.cc
 void RunSigstop(bool shm, int rank, int size);
 void RunOverflow(kerasdist::Engine* e, int rank, int size, bool prescale);
 
