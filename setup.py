@@ -141,7 +141,7 @@ setup(
     else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["kerasdist", "kerasdist.callbacks"],
+    packages=["kerasdist", "kerasdist.callbacks", "kerasdist.runner"],
     package_dir={"kerasdist": "kerasdist", "kerasdist.callbacks": "callbacks"},
     ext_modules=[
         Extension("kerasdist._kerasdist_ops", sources=sources, language="c++")
@@ -149,5 +149,5 @@ setup(
     cmdclass={"build_ext": BuildOps},
     install_requires=["mpi4py>=4", "numpy", "cloudpickle"],
     extras_require={"tfds": ["tensorflow-datasets", "importlib_resources"]},
-    entry_points={"console_scripts": ["kerasdist-run=kerasdist.runner:main"]},
+    entry_points={"console_scripts": ["kerasdist-run=kerasdist.runner.cli:main"]},
 )

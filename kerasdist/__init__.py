@@ -4,7 +4,7 @@ Import it as Horovod's Keras module (`import kerasdist as hvd`): the names
 and arguments follow Horovod's.
 
 The public names are loaded on first use, so that `import kerasdist` (and
-the `kerasdist-run` launcher, which lives in this package) does not pay for
+the `kerasdist-run` launcher, `kerasdist.runner`) does not pay for
 importing TensorFlow until something needs it.
 """
 
@@ -30,7 +30,7 @@ _EXPORTS = {
     "broadcast_variables": "kerasdist.functions",
     "LinearWarmup": "kerasdist.schedules",
     "scale_learning_rate": "kerasdist.schedules",
-    "run": "kerasdist.launch",
+    "run": "kerasdist.runner.launch",
     "ProcessSet": "kerasdist.process_sets",
     "global_process_set": "kerasdist.process_sets",
     "add_process_set": "kerasdist.process_sets",

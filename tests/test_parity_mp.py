@@ -44,7 +44,7 @@ def test_elastic_state_resumes_a_restarted_job_at_the_last_committed_batch(tmp_p
     ref.mkdir()
     run_mpi("../parity/elastic_fit.py", 2, timeout=200, args=[ref],
             env={"KD_NO_CRASH": "1"})
-    out = run_bounded([sys.executable, RUNNER, "-np", 2, "--max-restarts", 1,
+    out = run_bounded([*RUNNER, "-np", 2, "--max-restarts", 1,
                        sys.executable, script, tmp_path], 300,
                       env={"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"})
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])

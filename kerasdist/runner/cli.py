@@ -2,43 +2,35 @@
 
     kerasdist-run -np 4 -H host1:2,host2:2 python train.py --epochs 3
 
-Every rank runs under a small supervisor (kerasdist/_supervise.py) that
+Every rank runs under a small supervisor (supervise.py, in this folder) that
 stops the whole job when the rank fails; `--max-restarts` then starts the
-job again. Importable and runnable as a plain script without TensorFlow or
-the ops.
+job again. It imports only the standard library and `kerasdist.runner`,
+never TensorFlow or the ops; `python -m kerasdist.runner` runs it too.
 """
 
+import argparse
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
 import sys
+import threading
+import time
 
-if __name__ == "__main__" and not __package__:
-    # `python kerasdist/runner.py`: import the package, not its modules.
-    import os.path as _path
-
-    _here = _path.dirname(_path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if _path.abspath(p or ".") != _here]
-    sys.path.insert(0, _path.dirname(_here))
-
-import argparse  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import shlex  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-from kerasdist import _hosts, _restarts  # noqa: E402
-from kerasdist import _supervise  # noqa: E402
-from kerasdist._check_build import check_build  # noqa: E402, F401
-from kerasdist._relay import _Demux, _Sink, hydra_pattern  # noqa: E402, F401
+from kerasdist.runner import hosts as _hosts
+from kerasdist.runner import restarts as _restarts
+from kerasdist.runner import supervise as _supervise
+from kerasdist.runner.check_build import check_build
+from kerasdist.runner.relay import _Sink, hydra_pattern
 
 _PROG = "kerasdist-run"
 _HYDRA_PATTERN = hydra_pattern()  # Without a token: `kerasdist.run()`.
 _SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                           "_supervise.py")
-# The line a supervisor writes when its rank fails (see _supervise.py).
+                           "supervise.py")
+# The line a supervisor writes when its rank fails (see supervise.py).
 _REPORT = re.compile(
     re.escape(_supervise.REPORT_PREFIX) + r"(\d+) \(host (.*)\) "
     r"(?:exited with code (\d+)|was killed by signal (\d+) \(\w+\))(.*)"
@@ -193,10 +185,10 @@ def build_mpiexec_argv(args, mpiexec_path, flavor="mpich", placement=None,
         flavor: `"mpich"` (Hydra) or `"openmpi"`.
         placement: `(host, ranks)` pairs, one contiguous block of ranks per
             host; the number of ranks is their sum. Defaults to the `-H` or
-            `--hostfile` hosts (see `_hosts.place`) with `args.np` ranks, or
+            `--hostfile` hosts (see `hosts.place`) with `args.np` ranks, or
             no host option at all.
-        token: Random part of Hydra's output tag (see `_relay`).
-        supervise: Run every rank under kerasdist/_supervise.py.
+        token: Random part of Hydra's output tag (see `relay`).
+        supervise: Run every rank under kerasdist/runner/supervise.py.
         extra_env: More variables to forward to the ranks.
 
     Returns:
@@ -375,9 +367,9 @@ def _run_once(args, mpiexec, flavor, placement, np, attempt, forwarder):
 def launch(args):
     """Runs `args.command` on `args.np` ranks, relaying their output.
 
-    Every rank runs under kerasdist/_supervise.py, so the whole job stops
+    Every rank runs under kerasdist/runner/supervise.py, so the whole job stops
     as soon as one rank fails. With `args.max_restarts`, a failed job is
-    started again (see `_restarts.RestartPolicy`).
+    started again (see `restarts.RestartPolicy`).
 
     Args:
         args: Namespace returned by `parse_args`.

@@ -27,11 +27,12 @@ import sys
 import tempfile
 import time
 
-from kerasdist import runner
-from kerasdist._tracebacks import resolve as resolve_tracebacks
+from kerasdist.runner import cli as runner
+from kerasdist.runner import relay
+from kerasdist.runner.tracebacks import resolve as resolve_tracebacks
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                       "_run_worker.py")
+                       "run_worker.py")
 # Once a rank has failed, the others get this long to stop by themselves
 # (a collective waiting for the failed rank errors out), then are stopped.
 _ABORT_GRACE_SECONDS = 10.0
@@ -135,8 +136,8 @@ class _Job:
         self._selector, self._closed = selectors.DefaultSelector(), False
         for pipe, stream, name in ((self.proc.stdout, sys.stdout, "stdout"),
                                    (self.proc.stderr, sys.stderr, "stderr")):
-            sink = runner._Sink(stream, name, None, np)
-            demux = runner._Demux(flavor, self._emitter(sink))
+            sink = relay._Sink(stream, name, None, np)
+            demux = relay._Demux(flavor, self._emitter(sink))
             self._selector.register(pipe, selectors.EVENT_READ, demux)
 
     def _emitter(self, sink):

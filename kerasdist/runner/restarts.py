@@ -1,6 +1,6 @@
 """When `kerasdist-run --max-restarts` starts a failed job again, and where."""
 
-from kerasdist import _hosts
+from kerasdist.runner import hosts as _hosts
 
 
 class RestartPolicy:

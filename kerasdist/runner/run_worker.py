@@ -1,7 +1,7 @@
 """Per-rank bootstrap of `kerasdist.run()`. Not a public API.
 
-    python kerasdist/_run_worker.py PAYLOAD RESULT_DIR
-    python -m kerasdist._run_worker PAYLOAD RESULT_DIR
+    python kerasdist/runner/run_worker.py PAYLOAD RESULT_DIR
+    python -m kerasdist.runner.run_worker PAYLOAD RESULT_DIR
 
 Loads the function and its arguments from `PAYLOAD`, calls it, and writes the
 outcome to `RESULT_DIR/rank.<r>` (`r` is the MPI world rank), atomically:
@@ -75,7 +75,7 @@ def _shutdown_kerasdist():
 
 def main(argv):
     if len(argv) != 2:
-        print("usage: _run_worker.py PAYLOAD RESULT_DIR", file=sys.stderr)
+        print("usage: run_worker.py PAYLOAD RESULT_DIR", file=sys.stderr)
         return 2
     payload_path, result_dir = argv
     rank = world_rank()
@@ -129,10 +129,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    if not __package__:
-        # Run by path: drop this directory from `sys.path`; its modules
-        # (`keras.py`, ...) would shadow top-level packages.
-        here = os.path.dirname(os.path.abspath(__file__))
-        sys.path[:] = [p for p in sys.path
-                       if os.path.abspath(p or ".") != here]
     sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """Runs one rank's command for `kerasdist-run` and stops the job if it fails.
 
-    python kerasdist/_supervise.py -- <command> [args...]
+    python kerasdist/runner/supervise.py -- <command> [args...]
 
 `kerasdist-run` starts every rank through this small supervisor (it only
 imports the standard library, so it starts in a few milliseconds). The
@@ -21,18 +21,13 @@ manager's PMI connection included), and:
   `kerasdist-run` reads the line and exits with the child's own status.
 """
 
+import ctypes
+import os
+import resource
+import signal
+import socket
+import subprocess
 import sys
-
-# Run as a file: keep kerasdist/ (this file's folder) off the module path.
-if sys.path and __name__ == "__main__":
-    del sys.path[0]
-
-import ctypes  # noqa: E402
-import os  # noqa: E402
-import resource  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
 
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 _STOPPING = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
@@ -152,12 +147,12 @@ def supervise(command, environ=None):
 
 
 def main(argv=None):
-    """Entry point: `_supervise.py -- command [args...]`."""
+    """Entry point: `supervise.py -- command [args...]`."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("Missing command to run. Usage: python _supervise.py -- "
+        print("Missing command to run. Usage: python supervise.py -- "
               "command [args...]", file=sys.stderr)
         return 2
     return supervise(argv)
