@@ -141,7 +141,8 @@ setup(
     else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["kerasdist", "kerasdist.callbacks", "kerasdist.runner"],
+    packages=["kerasdist", "kerasdist.callbacks", "kerasdist.common",
+              "kerasdist.tensorflow", "kerasdist._keras", "kerasdist.runner"],
     package_dir={"kerasdist": "kerasdist", "kerasdist.callbacks": "callbacks"},
     ext_modules=[
         Extension("kerasdist._kerasdist_ops", sources=sources, language="c++")

@@ -6,8 +6,8 @@ import keras
 import numpy as np
 
 from kerasdist.callbacks.model_checkpoint import atomic_save
-from kerasdist.functions import broadcast_object, broadcast_variables
-from kerasdist.runtime import context
+from kerasdist.tensorflow.functions import broadcast_object, broadcast_variables
+from kerasdist.common.basics import context
 
 
 class BackupAndRestore(keras.callbacks.Callback):

@@ -2,7 +2,7 @@
 
 import numbers
 
-from kerasdist import runtime
+from kerasdist.common import basics as runtime
 
 from .lr_schedule import LearningRateScheduleCallback
 

@@ -5,7 +5,8 @@ import tensorflow as tf
 
 import keras
 
-from kerasdist import functions, ops
+from kerasdist.tensorflow import functions
+from kerasdist.tensorflow import ops
 
 
 def _numeric(value):

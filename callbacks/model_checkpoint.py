@@ -6,7 +6,7 @@ import tempfile
 
 import keras
 
-from kerasdist.runtime import context
+from kerasdist.common.basics import context
 
 
 def _umask():

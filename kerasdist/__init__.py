@@ -18,39 +18,39 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "Compression": "kerasdist.compression",
-    "DistributedOptimizer": "kerasdist.optimizer",
-    "PartialDistributedOptimizer": "kerasdist.optimizer",
-    "load_model": "kerasdist.optimizer",
-    "DistributedGradientTape": "kerasdist.tape",
-    "PartialDistributedGradientTape": "kerasdist.tape",
-    "SyncBatchNormalization": "kerasdist.sync_batch_norm",
-    "allgather_object": "kerasdist.functions",
-    "broadcast_object": "kerasdist.functions",
-    "broadcast_variables": "kerasdist.functions",
-    "LinearWarmup": "kerasdist.schedules",
-    "scale_learning_rate": "kerasdist.schedules",
+    "Compression": "kerasdist.tensorflow.compression",
+    "DistributedOptimizer": "kerasdist._keras.optimizer",
+    "PartialDistributedOptimizer": "kerasdist._keras.optimizer",
+    "load_model": "kerasdist._keras.optimizer",
+    "DistributedGradientTape": "kerasdist._keras.tape",
+    "PartialDistributedGradientTape": "kerasdist._keras.tape",
+    "SyncBatchNormalization": "kerasdist._keras.sync_batch_norm",
+    "allgather_object": "kerasdist.tensorflow.functions",
+    "broadcast_object": "kerasdist.tensorflow.functions",
+    "broadcast_variables": "kerasdist.tensorflow.functions",
+    "LinearWarmup": "kerasdist._keras.schedules",
+    "scale_learning_rate": "kerasdist._keras.schedules",
     "run": "kerasdist.runner.launch",
-    "ProcessSet": "kerasdist.process_sets",
-    "global_process_set": "kerasdist.process_sets",
-    "add_process_set": "kerasdist.process_sets",
-    "remove_process_set": "kerasdist.process_sets",
+    "ProcessSet": "kerasdist.common.process_sets",
+    "global_process_set": "kerasdist.common.process_sets",
+    "add_process_set": "kerasdist.common.process_sets",
+    "remove_process_set": "kerasdist.common.process_sets",
 }
 for _name in ("Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce",
               "barrier", "broadcast", "grouped_allreduce", "join"):
-    _EXPORTS[_name] = "kerasdist.ops"
+    _EXPORTS[_name] = "kerasdist.tensorflow.ops"
 for _name in ("alltoall", "broadcast_", "grouped_allgather", "grouped_reducescatter",
               "reducescatter"):
-    _EXPORTS[_name] = "kerasdist.collectives"
+    _EXPORTS[_name] = "kerasdist.tensorflow.collectives"
 for _name in ("rank_op", "local_rank_op", "size_op", "local_size_op",
               "process_set_included_op", "is_homogeneous", "mpi_threads_supported",
               "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
               "ccl_built", "cuda_built", "rocm_built", "ddl_built", "start_timeline",
               "stop_timeline"):
-    _EXPORTS[_name] = "kerasdist.queries"
+    _EXPORTS[_name] = "kerasdist.common.queries"
 for _name in ("build_info", "cross_rank", "cross_size", "init", "is_initialized",
-              "local_rank", "local_size", "rank", "shutdown", "size"):
-    _EXPORTS[_name] = "kerasdist.runtime"
+              "local_rank", "local_size", "rank", "shutdown", "size", "transport_info"):
+    _EXPORTS[_name] = "kerasdist.common.basics"
 del _name
 
 __all__ = sorted(list(_EXPORTS) + ["callbacks", "data", "elastic"])

@@ -33,11 +33,11 @@ import functools
 import os
 import pickle
 
-from kerasdist import functions
-from kerasdist._elastic_callbacks import (CommitStateCallback,  # noqa: F401
+from kerasdist.tensorflow import functions
+from kerasdist._keras.elastic_callbacks import (CommitStateCallback,  # noqa: F401
                                           UpdateBatchStateCallback,
                                           UpdateEpochStateCallback)
-from kerasdist.runtime import check_initialized, context
+from kerasdist.common.basics import check_initialized, context
 
 _FORMAT = 1
 _FILE = "state.pkl"

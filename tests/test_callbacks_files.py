@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kerasdist as kd
-from kerasdist import _fit_guard
+from kerasdist._keras import fit_guard as _fit_guard
 from kerasdist.callbacks.model_checkpoint import ModelCheckpoint, atomic_save
 
 

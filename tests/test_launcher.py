@@ -414,7 +414,7 @@ def test_package_and_launcher_import_without_tensorflow():
     code = ("import sys, kerasdist, kerasdist.runner\n"
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
             "from kerasdist.callbacks import MetricAverageCallback\n"
-            "assert kerasdist.allreduce.__module__ == 'kerasdist.ops'\n"
+            "assert kerasdist.allreduce.__module__ == 'kerasdist.tensorflow.ops'\n"
             "assert 'callbacks' in dir(kerasdist) and 'init' in kerasdist.__all__\n"
             "try:\n    kerasdist.no_such_name\nexcept AttributeError as e:\n"
             "    print('OK', e)\n")

@@ -128,7 +128,7 @@ def test_invalid_environment_variable_is_reported():
 
 def test_non_finite_and_negative_settings_are_rejected():
     code = (
-        "import os\nfrom kerasdist import runtime\n"
+        "import os\nfrom kerasdist.common import basics as runtime\n"
         "for name, raw in [('KERASDIST_TIMEOUT_SECONDS', 'nan'),\n"
         "                  ('KERASDIST_TIMEOUT_SECONDS', 'inf'),\n"
         "                  ('KERASDIST_DEADLOCK_TIME_SECONDS', '-1'),\n"
@@ -148,8 +148,8 @@ def test_non_finite_and_negative_settings_are_rejected():
 
 
 def test_transport_info_at_size_one():
-    assert kd.runtime.transport_info().startswith("mpi(")
-    assert "shared memory" not in kd.runtime.transport_info()
+    assert kd.transport_info().startswith("mpi(")
+    assert "shared memory" not in kd.transport_info()
 
 
 def test_build_info():

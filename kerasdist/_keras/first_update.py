@@ -20,7 +20,7 @@ import weakref
 
 import tensorflow as tf
 
-from kerasdist import ops
+from kerasdist.tensorflow import ops
 
 # id(variable) -> variable, for the variables broadcast so far.
 _BROADCAST = weakref.WeakValueDictionary()
@@ -48,7 +48,7 @@ def broadcast_global_variables(root_rank):
     so the ranks first agree on the optimizers alive everywhere (by creation
     number) and whether each has updated.
     """
-    from kerasdist.functions import allgather_object, broadcast_variables
+    from kerasdist.tensorflow.functions import allgather_object, broadcast_variables
 
     alive = {}
     for n, ref in _OPTIMIZERS:
@@ -99,7 +99,7 @@ def sync_once(optimizer, variables, local_ids=(), process_set=None):
     state = optimizer.__dict__
     if state.get("_kerasdist_sync_vars") is not None:
         return
-    from kerasdist.functions import broadcast_variables
+    from kerasdist.tensorflow.functions import broadcast_variables
 
     with tf.init_scope():
         if not all(_readable(v) for v in variables):

@@ -9,9 +9,12 @@ gradient exists and communication overlaps backprop.
 
 import keras
 
-from kerasdist import _first_update, _fit_guard, _reduce, ops
-from kerasdist.compression import Compression
-from kerasdist.runtime import check_initialized, context
+from kerasdist._keras import first_update as _first_update
+from kerasdist._keras import fit_guard as _fit_guard
+from kerasdist._keras import reduce as _reduce
+from kerasdist.tensorflow import ops
+from kerasdist.tensorflow.compression import Compression
+from kerasdist.common.basics import check_initialized, context
 
 
 class _DistributedMixin:

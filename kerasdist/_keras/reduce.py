@@ -7,9 +7,9 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from kerasdist import ops
-from kerasdist import process_sets as _sets
-from kerasdist.runtime import context
+from kerasdist.tensorflow import ops
+from kerasdist.common import process_sets as _sets
+from kerasdist.common.basics import context
 
 
 class Settings:

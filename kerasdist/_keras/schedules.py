@@ -11,7 +11,7 @@ import numbers
 import keras
 from keras import ops
 
-from kerasdist import runtime
+from kerasdist.common import basics as runtime
 
 
 def _check_positive_number(value, arg):

@@ -3,8 +3,8 @@
 import keras
 from keras import ops as kops
 
-from kerasdist import ops
-from kerasdist.runtime import check_initialized, context
+from kerasdist.tensorflow import ops
+from kerasdist.common.basics import check_initialized, context
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")

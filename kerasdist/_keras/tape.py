@@ -8,9 +8,10 @@ optimizer then applies them.
 
 import tensorflow as tf
 
-from kerasdist import _reduce, ops
-from kerasdist.compression import Compression
-from kerasdist.runtime import check_initialized, context
+from kerasdist._keras import reduce as _reduce
+from kerasdist.tensorflow import ops
+from kerasdist.tensorflow.compression import Compression
+from kerasdist.common.basics import check_initialized, context
 
 
 class _DistributedTapeMixin:

@@ -12,7 +12,7 @@ import time
 
 import tensorflow as tf
 
-from kerasdist import _library
+from kerasdist.common import library as _library
 
 _MIB = 1024 * 1024
 
@@ -372,10 +372,10 @@ def init(comm=None, process_sets=None):
     ctx.name_counters = {}
     ctx.initialized = True
     _set_thread_pools(ctx.local_size)
-    import kerasdist.ops  # noqa: F401  (registers the ops' gradients)
-    import kerasdist.collectives  # noqa: F401  (and these)
+    import kerasdist.tensorflow.ops  # noqa: F401  (registers the ops' gradients)
+    import kerasdist.tensorflow.collectives  # noqa: F401  (and these)
     if isinstance(process_sets, (list, tuple)) and process_sets:
-        from kerasdist import process_sets as _sets
+        from kerasdist.common import process_sets as _sets
 
         _sets._register(list(process_sets))
 

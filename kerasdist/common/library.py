@@ -11,7 +11,7 @@ import os
 
 import tensorflow as tf
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kerasdist/
 _REBUILD = (
     "Rebuild it from the kerasdist source tree with\n"
     "    pip install --no-build-isolation --force-reinstall --no-deps -e .\n"

@@ -14,7 +14,7 @@ clear error instead of a hang.
 import ctypes
 import faulthandler
 
-from kerasdist.runtime import check_initialized, context
+from kerasdist.common.basics import check_initialized, context
 
 
 class ProcessSet:
@@ -121,7 +121,7 @@ def _comm_ranks(comm):
 
 def _agree(kind, payload):
     """Every rank's (kind, next id, payload), checked to be the same call."""
-    from kerasdist.functions import allgather_object
+    from kerasdist.tensorflow.functions import allgather_object
 
     mine = (kind, context.next_process_set_id, payload)
     everyone = allgather_object(mine, name=f"kerasdist.process_sets.{kind}")

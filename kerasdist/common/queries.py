@@ -14,7 +14,7 @@ import os
 
 import tensorflow as tf
 
-from kerasdist.runtime import check_initialized, context
+from kerasdist.common.basics import check_initialized, context
 
 _RANK, _LOCAL_RANK, _SIZE, _LOCAL_SIZE, _INCLUDED = range(5)
 

@@ -68,7 +68,7 @@ def _extend_sys_path(caller_path):
 
 def _shutdown_kerasdist():
     """Shuts kerasdist down if the function initialized it."""
-    runtime = sys.modules.get("kerasdist.runtime")
+    runtime = sys.modules.get("kerasdist.common.basics")
     if runtime is not None and runtime.is_initialized():
         runtime.shutdown()
 

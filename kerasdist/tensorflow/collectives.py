@@ -11,11 +11,12 @@ engine goes on.
 
 import tensorflow as tf
 
-from kerasdist import _first_update, ops
-from kerasdist.compression import Compression
-from kerasdist.ops import Average, Sum, _OP_NAMES, _as_tensor, _check_dtype, _grad_name, _tensor_name
-from kerasdist import process_sets as _sets
-from kerasdist.runtime import check_initialized, context
+from kerasdist._keras import first_update as _first_update
+from kerasdist.tensorflow import ops
+from kerasdist.tensorflow.compression import Compression
+from kerasdist.tensorflow.ops import Average, Sum, _OP_NAMES, _as_tensor, _check_dtype, _grad_name, _tensor_name
+from kerasdist.common import process_sets as _sets
+from kerasdist.common.basics import check_initialized, context
 
 
 def _check_scatter_op(op):

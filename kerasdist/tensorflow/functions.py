@@ -4,9 +4,10 @@ import cloudpickle
 import numpy as np
 import tensorflow as tf
 
-from kerasdist import _first_update, ops
-from kerasdist import process_sets as _sets
-from kerasdist.runtime import check_initialized, context
+from kerasdist._keras import first_update as _first_update
+from kerasdist.tensorflow import ops
+from kerasdist.common import process_sets as _sets
+from kerasdist.common.basics import check_initialized, context
 
 
 def _next_name(kind, process_set, what):
@@ -33,7 +34,7 @@ def broadcast_variables(variables, root_rank=0, process_set=None, inplace=False,
     check_initialized()
     variables = list(variables)
     if inplace:
-        from kerasdist.collectives import broadcast_
+        from kerasdist.tensorflow.collectives import broadcast_
 
         broadcast_(variables, root_rank, name=name, process_set=process_set)
         return

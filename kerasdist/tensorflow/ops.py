@@ -11,9 +11,9 @@ import warnings
 
 import tensorflow as tf
 
-from kerasdist import process_sets as _sets
-from kerasdist.compression import Compression
-from kerasdist.runtime import check_initialized, context
+from kerasdist.common import process_sets as _sets
+from kerasdist.tensorflow.compression import Compression
+from kerasdist.common.basics import check_initialized, context
 
 Average = 0
 Sum = 1

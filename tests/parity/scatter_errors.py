@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import kerasdist as kd
 from _common import log, main
-from kerasdist.runtime import context
+from kerasdist.common.basics import context
 
 
 def expect_error(fn, *needles):
