@@ -43,10 +43,11 @@ for _name in ("alltoall", "broadcast_", "grouped_allgather", "grouped_reducescat
               "reducescatter"):
     _EXPORTS[_name] = "kerasdist.tensorflow.collectives"
 for _name in ("rank_op", "local_rank_op", "size_op", "local_size_op",
-              "process_set_included_op", "is_homogeneous", "mpi_threads_supported",
-              "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
-              "ccl_built", "cuda_built", "rocm_built", "ddl_built", "start_timeline",
-              "stop_timeline"):
+              "process_set_included_op"):
+    _EXPORTS[_name] = "kerasdist.tensorflow.queries"
+for _name in ("is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+              "gloo_enabled", "gloo_built", "nccl_built", "ccl_built", "cuda_built",
+              "rocm_built", "ddl_built", "start_timeline", "stop_timeline"):
     _EXPORTS[_name] = "kerasdist.common.queries"
 for _name in ("build_info", "cross_rank", "cross_size", "init", "is_initialized",
               "local_rank", "local_size", "rank", "shutdown", "size", "transport_info"):
