@@ -7,7 +7,7 @@ import numpy as np
 
 from kerasdist.callbacks.model_checkpoint import atomic_save
 from kerasdist.tensorflow.functions import broadcast_object, broadcast_variables
-from kerasdist.common.basics import context
+from kerasdist.common.context import context
 
 
 class BackupAndRestore(keras.callbacks.Callback):

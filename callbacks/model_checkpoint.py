@@ -6,7 +6,7 @@ import tempfile
 
 import keras
 
-from kerasdist.common.basics import context
+from kerasdist.common.context import context
 
 
 def _umask():

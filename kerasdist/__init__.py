@@ -49,9 +49,14 @@ for _name in ("is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_bui
               "gloo_enabled", "gloo_built", "nccl_built", "ccl_built", "cuda_built",
               "rocm_built", "ddl_built", "start_timeline", "stop_timeline"):
     _EXPORTS[_name] = "kerasdist.common.queries"
-for _name in ("build_info", "cross_rank", "cross_size", "init", "is_initialized",
-              "local_rank", "local_size", "rank", "shutdown", "size", "transport_info"):
+for _name in ("cross_rank", "cross_size", "is_initialized", "local_rank", "local_size",
+              "rank", "shutdown", "size", "transport_info"):
     _EXPORTS[_name] = "kerasdist.common.basics"
+# kerasdist.common.basics' own, through the TensorFlow binding, which registers
+# itself with the runtime on import (thread pools at init(), the object
+# collectives of process sets, its build_info() entries).
+for _name in ("build_info", "init"):
+    _EXPORTS[_name] = "kerasdist.tensorflow"
 del _name
 
 __all__ = sorted(list(_EXPORTS) + ["callbacks", "data", "elastic"])

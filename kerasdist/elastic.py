@@ -37,7 +37,7 @@ from kerasdist.tensorflow import functions
 from kerasdist._keras.elastic_callbacks import (CommitStateCallback,  # noqa: F401
                                           UpdateBatchStateCallback,
                                           UpdateEpochStateCallback)
-from kerasdist.common.basics import check_initialized, context
+from kerasdist.common.context import check_initialized, context
 
 _FORMAT = 1
 _FILE = "state.pkl"

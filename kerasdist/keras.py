@@ -127,7 +127,7 @@ def broadcast_global_variables(root_rank):
     >>> model.compile(optimizer=hvd.DistributedOptimizer(opt), loss="mse")
     >>> hvd.broadcast_global_variables(0)
     """
-    from kerasdist.common.basics import check_initialized, context
+    from kerasdist.common.context import check_initialized, context
 
     check_initialized()
     if not isinstance(root_rank, int) or not 0 <= root_rank < context.size:

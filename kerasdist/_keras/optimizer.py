@@ -14,7 +14,7 @@ from kerasdist._keras import fit_guard as _fit_guard
 from kerasdist._keras import reduce as _reduce
 from kerasdist.tensorflow import ops
 from kerasdist.tensorflow.compression import Compression
-from kerasdist.common.basics import check_initialized, context
+from kerasdist.common.context import check_initialized, context
 
 
 class _DistributedMixin:

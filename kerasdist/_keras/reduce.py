@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from kerasdist.tensorflow import ops
 from kerasdist.common import process_sets as _sets
-from kerasdist.common.basics import context
+from kerasdist.common.context import context
 
 
 class Settings:

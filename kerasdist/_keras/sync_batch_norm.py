@@ -4,7 +4,7 @@ import keras
 from keras import ops as kops
 
 from kerasdist.tensorflow import ops
-from kerasdist.common.basics import check_initialized, context
+from kerasdist.common.context import check_initialized, context
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")

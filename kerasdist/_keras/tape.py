@@ -11,7 +11,7 @@ import tensorflow as tf
 from kerasdist._keras import reduce as _reduce
 from kerasdist.tensorflow import ops
 from kerasdist.tensorflow.compression import Compression
-from kerasdist.common.basics import check_initialized, context
+from kerasdist.common.context import check_initialized, context
 
 
 class _DistributedTapeMixin:

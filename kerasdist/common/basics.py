@@ -1,58 +1,20 @@
 """Process runtime: `init()`, `shutdown()`, and the rank/size queries.
 
-All state lives in one explicit `Context` object (`runtime.context`). The C++
-engine behind it keeps its own single Context, created by `init()`.
+All state lives in one explicit `Context` object (`context`, defined in
+kerasdist/common/context.py and exported here too). The C++ engine behind
+it keeps its own single Context, created by `init()`. Nothing here imports
+a framework: what `init()` needs from one, the registered framework
+bindings do (kerasdist/common/bindings.py).
 """
 
 import atexit
 import ctypes
-import os
 import time
 
-import tensorflow as tf
-
-from kerasdist.common import library as _library
+from kerasdist.common import bindings
+from kerasdist.common import process_sets as _sets
 from kerasdist.common.config import read_config
-
-
-class Context:
-    """The Python side of kerasdist's process state."""
-
-    def __init__(self):
-        self.ops, self.lib, self.library_path = _library.load()
-        self.initialized = False
-        self.comm = None
-        self.rank = self.size = None
-        self.local_rank = self.local_size = None
-        self.cross_rank = self.cross_size = None
-        self.homogeneous = None
-        self.hierarchical = None
-        self.config = None
-        self.name_counters = {}
-        self.atexit_registered = False
-        # init(comm=[...])'s agreement: buffers of sends MPI may still read,
-        # and whether a failed agreement may have left messages unreceived.
-        self.sent_buffers = []
-        self.stray_messages = False
-        self.process_sets = {}  # id -> ProcessSet (kerasdist.process_sets)
-        self.next_process_set_id = 1
-
-    # Unnamed eager collectives cycle through this many names. TensorFlow
-    # keeps one eager kernel per distinct `tensor_name` attribute (about
-    # 36 KiB each), so a fresh name per call grew memory without bound. An
-    # eager call returns only once every rank has run it, so by the time a
-    # name comes round again its previous use has finished everywhere.
-    NONAME_POOL = 64
-
-    def next_name(self, kind):
-        """A name for an unnamed eager collective; equal across ranks that
-        issue the same sequence of calls."""
-        n = self.name_counters.get(kind, 0)
-        self.name_counters[kind] = n + 1
-        return f"{kind}.noname.{n % self.NONAME_POOL}"
-
-
-context = Context()
+from kerasdist.common.context import Context, check_initialized, context  # noqa: F401
 
 
 _COMM_TAG = 32108  # init(comm=[...])'s agreement, on MPI.COMM_WORLD
@@ -186,26 +148,6 @@ def _resolve_comm(comm, timeout_s=300.0):
     )
 
 
-def _set_thread_pools(local_size):
-    """Gives each local rank a fair share of the cores, unless the user set
-    the pools already or TensorFlow has started using them."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    share = max(1, cores // max(1, local_size))
-    threading = tf.config.threading
-    try:
-        if threading.get_intra_op_parallelism_threads() == 0:
-            threading.set_intra_op_parallelism_threads(share)
-        if threading.get_inter_op_parallelism_threads() == 0:
-            # One inter-op thread per core share: extra inter-op threads
-            # spin while idle and starve the engine thread of CPU.
-            threading.set_inter_op_parallelism_threads(share)
-    except RuntimeError:
-        pass  # TensorFlow is already initialised; keep its pools.
-
-
 def _package_version():
     try:
         from kerasdist import _build_info
@@ -287,12 +229,8 @@ def init(comm=None, process_sets=None):
     ctx.config = config
     ctx.name_counters = {}
     ctx.initialized = True
-    _set_thread_pools(ctx.local_size)
-    import kerasdist.tensorflow.ops  # noqa: F401  (registers the ops' gradients)
-    import kerasdist.tensorflow.collectives  # noqa: F401  (and these)
+    bindings.after_init(ctx)  # e.g. TensorFlow's thread pools
     if isinstance(process_sets, (list, tuple)) and process_sets:
-        from kerasdist.common import process_sets as _sets
-
         _sets._register(list(process_sets))
 
 
@@ -328,13 +266,6 @@ def shutdown():
 def is_initialized():
     """Returns True between `init()` and `shutdown()`."""
     return context.initialized
-
-
-def check_initialized():
-    if not context.initialized:
-        raise RuntimeError(
-            "kerasdist is not initialized. Call `kerasdist.init()` first."
-        )
 
 
 def _query(attr):
@@ -396,21 +327,20 @@ def build_info():
     """Describes the build: versions, library path and ops.
 
     Returns:
-        A dict with `kerasdist_version`, `tf_version`, `tf_built_against`,
-        `library_path`, `ops` and `mpi_library`.
+        A dict with `kerasdist_version`, `library_path` and `mpi_library`,
+        and the entries of each loaded framework binding: the TensorFlow
+        binding adds `tf_version`, `tf_built_against` and `ops`.
     """
     from mpi4py import MPI
 
     from kerasdist import _build_info
 
-    ops = sorted(
-        name for name in dir(context.ops) if name.startswith("kerasdist_")
-    )
-    return {
+    info = {
         "kerasdist_version": _build_info.KERASDIST_VERSION,
-        "tf_version": tf.__version__,
-        "tf_built_against": context.lib.kerasdist_built_tf_version().decode(),
         "library_path": context.library_path,
-        "ops": ops,
         "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
     }
+    for binding in bindings.registered():
+        if binding.build_info is not None:
+            info.update(binding.build_info())
+    return info

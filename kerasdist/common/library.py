@@ -1,15 +1,16 @@
-"""Locates and loads kerasdist's compiled op library.
+"""Locates and loads kerasdist's native library.
 
-The library is built by `setup.py` against the installed TensorFlow. Loading
-checks that it exists and that it was built for the running TensorFlow, and
-fails with a message that says how to rebuild; there is no fallback.
+The library is built by `setup.py`. Loading checks that it exists and that
+it was built for the running TensorFlow, and fails with a message that says
+how to rebuild; there is no fallback. `load()` gives the framework-neutral
+runtime its C entry points (`kerasdist_init`, `kerasdist_topology`, ...)
+through ctypes; the TensorFlow binding loads the same file's ops
+(`kerasdist.tensorflow.library`).
 """
 
 import ctypes
 import glob
 import os
-
-import tensorflow as tf
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kerasdist/
 _REBUILD = (
@@ -67,9 +68,17 @@ def _import_mpi_bounded():
         faulthandler.cancel_dump_traceback_later()
 
 
-def load():
-    """Loads the op library. Returns `(ops_module, ctypes_library, path)`."""
-    path = library_path()
+# INTERIM: replaced by the engine library. Today's C entry points live in
+# the TensorFlow op library, which links against TensorFlow, and TensorFlow
+# must be the first to load it: `tf.load_op_library` collects the ops' Python
+# wrappers only from the load that registers them (a later call returns
+# them from TensorFlow's cache, which is how the TensorFlow binding gets
+# them). This function is the only place in kerasdist.common that imports
+# TensorFlow; with a framework-neutral engine library it goes away.
+def _load_through_tensorflow(path):
+    """Loads `path` with TensorFlow; returns TensorFlow's version."""
+    import tensorflow as tf
+
     built = built_tf_version()
     if built is not None and built != tf.__version__:
         raise ImportError(
@@ -82,11 +91,18 @@ def load():
     _import_mpi_bounded()
 
     try:
-        ops = tf.load_op_library(path)
+        tf.load_op_library(path)
     except Exception as e:  # undefined symbols, wrong ABI, ...
         raise ImportError(
             f"kerasdist's op library {path} could not be loaded: {e}. " + _REBUILD
         ) from e
+    return tf.__version__
+
+
+def load():
+    """Loads the native library. Returns `(ctypes_library, path)`."""
+    path = library_path()
+    tf_version = _load_through_tensorflow(path)  # INTERIM
     lib = ctypes.CDLL(path)
     ll = ctypes.c_longlong
     lib.kerasdist_init.argtypes = [
@@ -106,9 +122,9 @@ def load():
     lib.kerasdist_transport_name.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.kerasdist_built_tf_version.restype = ctypes.c_char_p
     lib_built = lib.kerasdist_built_tf_version().decode()
-    if lib_built != tf.__version__:
+    if lib_built != tf_version:  # INTERIM, with the TensorFlow load above
         raise ImportError(
             f"kerasdist's op library was built against TensorFlow {lib_built}, "
-            f"but TensorFlow {tf.__version__} is installed. " + _REBUILD
+            f"but TensorFlow {tf_version} is installed. " + _REBUILD
         )
-    return ops, lib, path
+    return lib, path

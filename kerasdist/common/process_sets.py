@@ -14,7 +14,8 @@ clear error instead of a hang.
 import ctypes
 import faulthandler
 
-from kerasdist.common.basics import check_initialized, context
+from kerasdist.common import bindings
+from kerasdist.common.context import check_initialized, context
 
 
 class ProcessSet:
@@ -121,10 +122,8 @@ def _comm_ranks(comm):
 
 def _agree(kind, payload):
     """Every rank's (kind, next id, payload), checked to be the same call."""
-    from kerasdist.tensorflow.functions import allgather_object
-
     mine = (kind, context.next_process_set_id, payload)
-    everyone = allgather_object(mine, name=f"kerasdist.process_sets.{kind}")
+    everyone = bindings.allgather_object(mine, name=f"kerasdist.process_sets.{kind}")
     kinds = {(k, n) for k, n, _ in everyone}
     if len(kinds) != 1:
         detail = "; ".join(f"rank {r}: {k} (set #{n})" for r, (k, n, _) in enumerate(everyone))

@@ -8,7 +8,7 @@ The query ops that read the context inside a `tf.function` (`rank_op()`,
 
 import os
 
-from kerasdist.common.basics import check_initialized, context
+from kerasdist.common.context import check_initialized, context
 
 
 def is_homogeneous():

@@ -16,7 +16,8 @@ from kerasdist.tensorflow import ops
 from kerasdist.tensorflow.compression import Compression
 from kerasdist.tensorflow.ops import Average, Sum, _OP_NAMES, _as_tensor, _check_dtype, _grad_name, _tensor_name
 from kerasdist.common import process_sets as _sets
-from kerasdist.common.basics import check_initialized, context
+from kerasdist.common.context import check_initialized, context
+from kerasdist.tensorflow.library import raw_ops
 
 
 def _check_scatter_op(op):
@@ -90,7 +91,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     op = _check_scatter_op(op)
     tensor = _tensor_of_rank1(tensor, "reducescatter")
     wire, ctx = compression.compress(tensor)
-    out = context.ops.kerasdist_reducescatter(
+    out = raw_ops().kerasdist_reducescatter(
         wire, reduce_op=op, prescale_factor=float(prescale_factor),
         postscale_factor=float(postscale_factor),
         tensor_name=_tensor_name("reducescatter", name, set_id), process_set_id=set_id)
@@ -127,7 +128,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     if not tensors:
         return []
     wires, ctxs = zip(*[compression.compress(t) for t in tensors])
-    outs = context.ops.kerasdist_grouped_reducescatter(
+    outs = raw_ops().kerasdist_grouped_reducescatter(
         list(wires), reduce_op=op, prescale_factor=float(prescale_factor),
         postscale_factor=float(postscale_factor),
         tensor_name=_tensor_name("grouped_reducescatter", name, set_id),
@@ -196,7 +197,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
                 f"1-D list of {_sets.rank_size(set_id)[1]} integers. Received shape "
                 f"{wire_splits.shape}")
         wire_splits = tf.cast(wire_splits, tf.int32)
-    out, received = context.ops.kerasdist_alltoall(
+    out, received = raw_ops().kerasdist_alltoall(
         tensor, wire_splits, tensor_name=_tensor_name("alltoall", name, set_id),
         process_set_id=set_id)
     return (out, received) if splits is not None else out
@@ -230,7 +231,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
     tensors = [_tensor_of_rank1(t, "grouped_allgather") for t in tensors]
     if not tensors:
         return []
-    return list(context.ops.kerasdist_grouped_allgather(
+    return list(raw_ops().kerasdist_grouped_allgather(
         tensors, tensor_name=_tensor_name("grouped_allgather", name, set_id),
         process_set_id=set_id))
 
@@ -283,7 +284,7 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
         return []
     for v in resources:
         _check_dtype(v, "broadcast_")
-    op = context.ops.kerasdist_broadcast_inplace(
+    op = raw_ops().kerasdist_broadcast_inplace(
         [v.handle for v in resources], root_rank=root,
         tensor_name=_tensor_name("broadcast_", name, set_id), process_set_id=set_id)
     _first_update.mark_broadcast(originals)

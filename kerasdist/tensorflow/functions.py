@@ -7,7 +7,7 @@ import tensorflow as tf
 from kerasdist._keras import first_update as _first_update
 from kerasdist.tensorflow import ops
 from kerasdist.common import process_sets as _sets
-from kerasdist.common.basics import check_initialized, context
+from kerasdist.common.context import check_initialized, context
 
 
 def _next_name(kind, process_set, what):

@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from kerasdist.common import process_sets as _sets
 from kerasdist.tensorflow.compression import Compression
-from kerasdist.common.basics import check_initialized, context
+from kerasdist.common.context import check_initialized, context
+from kerasdist.tensorflow.library import raw_ops
 
 Average = 0
 Sum = 1
@@ -211,7 +212,7 @@ def allreduce(
                                      postscale_factor, process_set)
     tensor = _as_tensor(tensor, "allreduce")
     wire, ctx = compression.compress(tensor)
-    out = context.ops.kerasdist_allreduce(
+    out = raw_ops().kerasdist_allreduce(
         wire,
         reduce_op=op,
         prescale_factor=float(prescale_factor),
@@ -294,7 +295,7 @@ def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0,
         wires.append(wire)
         ctxs.append(ctx)
     if dense:
-        outs = context.ops.kerasdist_grouped_allreduce(
+        outs = raw_ops().kerasdist_grouped_allreduce(
             wires,
             reduce_op=op,
             prescale_factor=float(prescale_factor),
@@ -334,7 +335,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
             "allgather requires a tensor with at least one dimension. "
             "Received a scalar; reshape it to [1] first."
         )
-    return context.ops.kerasdist_allgather(
+    return raw_ops().kerasdist_allgather(
         tensor, tensor_name=_tensor_name("allgather", name, set_id), process_set_id=set_id
     )
 
@@ -360,7 +361,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     del ignore_name_scope
     set_id, root = set_root(root_rank, process_set, "broadcast")
     tensor = _as_tensor(tensor, "broadcast")
-    return context.ops.kerasdist_broadcast(
+    return raw_ops().kerasdist_broadcast(
         tensor, root_rank=root, tensor_name=_tensor_name("broadcast", name, set_id),
         process_set_id=set_id,
     )
@@ -392,7 +393,7 @@ def barrier(process_set=None, name=None):
     """
     check_initialized()
     set_id, _ = _sets.resolve(process_set, "barrier")
-    context.ops.kerasdist_barrier(tensor_name=_tensor_name("barrier", name, set_id),
+    raw_ops().kerasdist_barrier(tensor_name=_tensor_name("barrier", name, set_id),
                                   process_set_id=set_id)
 
 
@@ -412,7 +413,7 @@ def join(device=""):
     check_initialized()
     del device
     _check_not_xla("join")
-    out = context.ops.kerasdist_join(tensor_name="join")
+    out = raw_ops().kerasdist_join(tensor_name="join")
     return int(out) if tf.executing_eagerly() else out
 
 

@@ -10,7 +10,8 @@ communicator reads the new rank and size.
 `kerasdist.ProcessSet`.
 """
 
-from kerasdist.common.basics import check_initialized, context
+from kerasdist.common.context import check_initialized, context
+from kerasdist.tensorflow.library import raw_ops
 
 _RANK, _LOCAL_RANK, _SIZE, _LOCAL_SIZE, _INCLUDED = range(5)
 
@@ -35,7 +36,7 @@ def _set_id(process_set_id, process_set):
 
 def _query(kind, name, set_id=0):
     check_initialized()
-    return context.ops.kerasdist_query(query=kind, name=name, process_set_id=set_id)
+    return raw_ops().kerasdist_query(query=kind, name=name, process_set_id=set_id)
 
 
 def rank_op(name=None):

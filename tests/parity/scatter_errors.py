@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import kerasdist as kd
 from _common import log, main
-from kerasdist.common.basics import context
+from kerasdist.tensorflow.library import raw_ops
 
 
 def expect_error(fn, *needles):
@@ -111,7 +111,7 @@ def check_before_init(size, r):
             assert "not initialized. Call `kerasdist.init()` first" in str(e), e
     # The kernels themselves, as a function traced earlier runs them.
     for fn in (lambda: traced(tf.ones([size])),
-               lambda: context.ops.kerasdist_alltoall(tf.ones([2]), tf.constant([], tf.int32))):
+               lambda: raw_ops().kerasdist_alltoall(tf.ones([2]), tf.constant([], tf.int32))):
         try:
             fn()
             raise AssertionError("expected FailedPreconditionError")

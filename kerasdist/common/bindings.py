@@ -1,0 +1,92 @@
+"""The framework bindings, as the framework-neutral runtime sees them.
+
+kerasdist.common imports no framework. What it needs from one, a binding
+registers here when it is imported (kerasdist/tensorflow/__init__.py
+registers the TensorFlow binding); the runtime then
+
+- calls the binding's `after_init(context)` at the end of every `init()`,
+  and at once when the binding is registered after `init()` (the
+  TensorFlow binding sizes TensorFlow's thread pools there);
+- runs collectives on Python objects through it (`allgather_object`,
+  `broadcast_object`): process sets agree on each call with them;
+- adds the binding's entries to `build_info()`.
+"""
+
+from kerasdist.common.context import context
+
+
+class Binding:
+    """A framework binding's entry points for the runtime.
+
+    Args:
+        name: The framework, e.g. `"tensorflow"`. Registering a binding
+            of the same name again replaces it.
+        allgather_object: `fn(obj, name=None, process_set=None)` returning
+            every rank's `obj`, in rank order.
+        broadcast_object: `fn(obj, root_rank=0, name=None,
+            process_set=None)` returning the root's `obj`.
+        after_init: `fn(context)`, called once the engine runs. Defaults to
+            `None`.
+        build_info: `fn()` returning a dict of entries for `build_info()`.
+            Defaults to `None`.
+    """
+
+    def __init__(self, name, allgather_object, broadcast_object, after_init=None,
+                 build_info=None):
+        self.name = name
+        self.allgather_object = allgather_object
+        self.broadcast_object = broadcast_object
+        self.after_init = after_init
+        self.build_info = build_info
+
+    def __repr__(self):
+        return f"Binding({self.name!r})"
+
+
+_BINDINGS = []  # in the order of registration
+
+
+def register(binding):
+    """Registers `binding`; calls its `after_init` now if `init()` has run."""
+    if not isinstance(binding, Binding):
+        raise TypeError("Invalid type for argument `binding`. Expected a "
+                        f"kerasdist.common.bindings.Binding. Received: {binding!r}")
+    _BINDINGS[:] = [b for b in _BINDINGS if b.name != binding.name] + [binding]
+    if context.initialized and binding.after_init is not None:
+        binding.after_init(context)
+
+
+def registered():
+    """The registered bindings, in the order of registration."""
+    return list(_BINDINGS)
+
+
+def after_init(ctx):
+    """Runs every binding's `after_init(ctx)`; `init()` calls it."""
+    for binding in _BINDINGS:
+        if binding.after_init is not None:
+            binding.after_init(ctx)
+
+
+def _first(what):
+    if not _BINDINGS:
+        raise RuntimeError(
+            f"`{what}` runs through a framework binding, and none is loaded. "
+            "Use kerasdist's public API (`import kerasdist`; its `init()` "
+            "loads the TensorFlow binding) or `import kerasdist.tensorflow`.")
+    return _BINDINGS[0]
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Every rank's `obj` (of `process_set`), in rank order, through the
+    first registered binding."""
+    binding = _first("allgather_object")
+    return binding.allgather_object(obj, name=name, process_set=process_set)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """`root_rank`'s `obj` on every rank, through the first registered
+    binding."""
+    binding = _first("broadcast_object")
+    return binding.broadcast_object(obj, root_rank=root_rank, name=name,
+                                    process_set=process_set)
