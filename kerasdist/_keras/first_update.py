@@ -21,9 +21,9 @@ import weakref
 import tensorflow as tf
 
 from kerasdist.tensorflow import ops
+from kerasdist.tensorflow.broadcast_record import was_broadcast
+from kerasdist.tensorflow.functions import allgather_object, broadcast_variables
 
-# id(variable) -> variable, for the variables broadcast so far.
-_BROADCAST = weakref.WeakValueDictionary()
 # Every DistributedOptimizer as (creation number, weak reference); the
 # numbers agree across ranks that create their optimizers in the same order.
 _OPTIMIZERS = []
@@ -48,8 +48,6 @@ def broadcast_global_variables(root_rank):
     so the ranks first agree on the optimizers alive everywhere (by creation
     number) and whether each has updated.
     """
-    from kerasdist.tensorflow.functions import allgather_object, broadcast_variables
-
     alive = {}
     for n, ref in _OPTIMIZERS:
         opt = ref()
@@ -76,19 +74,6 @@ def broadcast_global_variables(root_rank):
             opt.__dict__["_kerasdist_force_sync"] = True
 
 
-def mark_broadcast(variables):
-    """Records that `variables` hold the root's values now."""
-    for v in variables:
-        try:
-            _BROADCAST[id(v)] = v
-        except TypeError:  # not weak-referenceable: never counts as broadcast
-            pass
-
-
-def _was_broadcast(v):
-    return _BROADCAST.get(id(v)) is v
-
-
 def sync_once(optimizer, variables, local_ids=(), process_set=None):
     """Broadcasts from rank 0 (the process set's first rank) before
     `optimizer`'s first update, if needed.
@@ -99,8 +84,6 @@ def sync_once(optimizer, variables, local_ids=(), process_set=None):
     state = optimizer.__dict__
     if state.get("_kerasdist_sync_vars") is not None:
         return
-    from kerasdist.tensorflow.functions import broadcast_variables
-
     with tf.init_scope():
         if not all(_readable(v) for v in variables):
             # Keras' symbolic build of a model built by its first call
@@ -112,7 +95,7 @@ def sync_once(optimizer, variables, local_ids=(), process_set=None):
         if not optimizer.built:
             optimizer.build(variables)
         everything = shared + list(optimizer.variables)
-        need = 0 if all(_was_broadcast(v) for v in everything) else 1
+        need = 0 if all(was_broadcast(v) for v in everything) else 1
         if state.pop("_kerasdist_force_sync", False):
             need = 1
         flag = ops.allreduce(tf.constant(need, tf.int32), op=ops.Max,

@@ -29,7 +29,7 @@ class _DistributedMixin:
     def _kerasdist_reduce(self, grads, trainable_variables=None):
         settings = self.__dict__.get("_kerasdist_settings")
         # Checked at every size, so a single-process run already reports it.
-        ops._check_not_xla("DistributedOptimizer")
+        ops.check_not_xla("DistributedOptimizer")
         if settings is None or settings.size() == 1:
             return grads
         variables = None

@@ -24,7 +24,7 @@ class _DistributedTapeMixin:
         settings = self.__dict__["_kerasdist_settings"]
         if settings.size() == 1:
             return grads
-        ops._check_not_xla("DistributedGradientTape")
+        ops.check_not_xla("DistributedGradientTape")
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads)
         reduced = _reduce.reduce_gradients(flat_grads, flat_sources, settings)

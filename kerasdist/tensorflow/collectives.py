@@ -1,7 +1,7 @@
 """Horovod's remaining collectives, on the kerasdist engine: reducescatter,
 alltoall, grouped allgather and the in-place broadcast of variables.
 
-Like the collectives in `kerasdist.ops`, each is a TensorFlow op that works
+Like the collectives in ops.py, each is a TensorFlow op that works
 eagerly and inside `tf.function`, matched across ranks by name. The ranks'
 arguments are checked against each other before anything moves: a mismatch
 (shape, dtype, op, splits) fails the collective on every rank with a
@@ -11,12 +11,13 @@ engine goes on.
 
 import tensorflow as tf
 
-from kerasdist._keras import first_update as _first_update
-from kerasdist.tensorflow import ops
-from kerasdist.tensorflow.compression import Compression
-from kerasdist.tensorflow.ops import Average, Sum, _OP_NAMES, _as_tensor, _check_dtype, _grad_name, _tensor_name
 from kerasdist.common import process_sets as _sets
 from kerasdist.common.context import check_initialized, context
+from kerasdist.tensorflow import ops
+from kerasdist.tensorflow._util import (Average, OP_NAMES, Sum, as_tensor, check_dtype, grad_name,
+                                        tensor_name)
+from kerasdist.tensorflow.broadcast_record import mark_broadcast
+from kerasdist.tensorflow.compression import Compression
 from kerasdist.tensorflow.library import raw_ops
 
 
@@ -26,12 +27,12 @@ def _check_scatter_op(op):
         raise ValueError(
             "Invalid value for argument `op` of `reducescatter`. Expected "
             "kerasdist.Average or kerasdist.Sum. Received: op="
-            + _OP_NAMES.get(op, repr(op)))
+            + OP_NAMES.get(op, repr(op)))
     return op
 
 
 def _tensor_of_rank1(tensor, what):
-    tensor = _as_tensor(tensor, what)
+    tensor = as_tensor(tensor, what)
     if tensor.shape.rank == 0:
         raise ValueError(
             f"`{what}` requires tensors with at least one dimension. "
@@ -94,7 +95,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     out = raw_ops().kerasdist_reducescatter(
         wire, reduce_op=op, prescale_factor=float(prescale_factor),
         postscale_factor=float(postscale_factor),
-        tensor_name=_tensor_name("reducescatter", name, set_id), process_set_id=set_id)
+        tensor_name=tensor_name("reducescatter", name, set_id), process_set_id=set_id)
     return compression.decompress(out, ctx)
 
 
@@ -131,7 +132,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     outs = raw_ops().kerasdist_grouped_reducescatter(
         list(wires), reduce_op=op, prescale_factor=float(prescale_factor),
         postscale_factor=float(postscale_factor),
-        tensor_name=_tensor_name("grouped_reducescatter", name, set_id),
+        tensor_name=tensor_name("grouped_reducescatter", name, set_id),
         process_set_id=set_id)
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
@@ -198,7 +199,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
                 f"{wire_splits.shape}")
         wire_splits = tf.cast(wire_splits, tf.int32)
     out, received = raw_ops().kerasdist_alltoall(
-        tensor, wire_splits, tensor_name=_tensor_name("alltoall", name, set_id),
+        tensor, wire_splits, tensor_name=tensor_name("alltoall", name, set_id),
         process_set_id=set_id)
     return (out, received) if splits is not None else out
 
@@ -232,7 +233,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
     if not tensors:
         return []
     return list(raw_ops().kerasdist_grouped_allgather(
-        tensors, tensor_name=_tensor_name("grouped_allgather", name, set_id),
+        tensors, tensor_name=tensor_name("grouped_allgather", name, set_id),
         process_set_id=set_id))
 
 
@@ -283,30 +284,30 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
     if not resources:
         return []
     for v in resources:
-        _check_dtype(v, "broadcast_")
+        check_dtype(v, "broadcast_")
     op = raw_ops().kerasdist_broadcast_inplace(
         [v.handle for v in resources], root_rank=root,
-        tensor_name=_tensor_name("broadcast_", name, set_id), process_set_id=set_id)
-    _first_update.mark_broadcast(originals)
+        tensor_name=tensor_name("broadcast_", name, set_id), process_set_id=set_id)
+    mark_broadcast(originals)
     if tf.executing_eagerly():
         return [v.read_value() for v in resources]
     with tf.control_dependencies([op]):
         return [v.read_value() for v in resources]
 
 
-# Gradients, with Horovod's conventions (see kerasdist.ops).
+# Gradients, with Horovod's conventions (see ops.py).
 
 
 @tf.RegisterGradient("KerasdistReducescatter")
 def _reducescatter_grad(op, grad):
-    return _scale_scatter_grad(op, ops.allgather(grad, name=_grad_name(op, "grad"),
+    return _scale_scatter_grad(op, ops.allgather(grad, name=grad_name(op, "grad"),
                                                  process_set=_op_set(op)))
 
 
 @tf.RegisterGradient("KerasdistGroupedReducescatter")
 def _grouped_reducescatter_grad(op, *grads):
     grads = [tf.zeros_like(y) if g is None else g for g, y in zip(grads, op.outputs)]
-    gathered = grouped_allgather(grads, name=_grad_name(op, "grad"), process_set=_op_set(op))
+    gathered = grouped_allgather(grads, name=grad_name(op, "grad"), process_set=_op_set(op))
     return [_scale_scatter_grad(op, g) for g in gathered]
 
 
@@ -321,7 +322,7 @@ def _scale_scatter_grad(op, grad):
 
 @tf.RegisterGradient("KerasdistAlltoall")
 def _alltoall_grad(op, grad, _received_splits_grad):
-    grad, _ = alltoall(grad, splits=op.outputs[1], name=_grad_name(op, "grad"),
+    grad, _ = alltoall(grad, splits=op.outputs[1], name=grad_name(op, "grad"),
                        process_set=_op_set(op))
     return [grad, None]
 
@@ -331,10 +332,10 @@ def _grouped_allgather_grad(op, *grads):
     grads = [tf.zeros_like(y) if g is None else g for g, y in zip(grads, op.outputs)]
     ps = _op_set(op)
     rank, size = _sets.rank_size(op.get_attr("process_set_id"))
-    reduced = ops.grouped_allreduce(grads, op=Average, name=_grad_name(op, "grad"),
+    reduced = ops.grouped_allreduce(grads, op=Average, name=grad_name(op, "grad"),
                                     process_set=ps)
     dims = [tf.shape(x, out_type=tf.int64)[:1] for x in op.inputs]
-    sizes = grouped_allgather(dims, name=_grad_name(op, "grad_sizes"), process_set=ps)
+    sizes = grouped_allgather(dims, name=grad_name(op, "grad_sizes"), process_set=ps)
     return [tf.split(g, s, num=size, axis=0)[rank] for g, s in zip(reduced, sizes)]
 
 

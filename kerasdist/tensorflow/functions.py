@@ -4,10 +4,11 @@ import cloudpickle
 import numpy as np
 import tensorflow as tf
 
-from kerasdist._keras import first_update as _first_update
-from kerasdist.tensorflow import ops
 from kerasdist.common import process_sets as _sets
 from kerasdist.common.context import check_initialized, context
+from kerasdist.tensorflow import ops
+from kerasdist.tensorflow.broadcast_record import mark_broadcast
+from kerasdist.tensorflow.collectives import broadcast_
 
 
 def _next_name(kind, process_set, what):
@@ -34,8 +35,6 @@ def broadcast_variables(variables, root_rank=0, process_set=None, inplace=False,
     check_initialized()
     variables = list(variables)
     if inplace:
-        from kerasdist.tensorflow.collectives import broadcast_
-
         broadcast_(variables, root_rank, name=name, process_set=process_set)
         return
     if name is None and not tf.executing_eagerly():
@@ -48,7 +47,7 @@ def broadcast_variables(variables, root_rank=0, process_set=None, inplace=False,
                               name=f"{prefix}.{i}" if prefix else None,
                               process_set=process_set)
         var.assign(value)
-    _first_update.mark_broadcast(variables)
+    mark_broadcast(variables)
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):

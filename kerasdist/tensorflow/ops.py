@@ -12,102 +12,20 @@ import warnings
 import tensorflow as tf
 
 from kerasdist.common import process_sets as _sets
-from kerasdist.tensorflow.compression import Compression
 from kerasdist.common.context import check_initialized, context
+from kerasdist.tensorflow._util import (  # noqa: F401  (public: the reduce ops, check_not_xla)
+    OP_NAMES, SUPPORTED_DTYPES, Adasum, Average, Max, Min, Product, Sum, as_tensor,
+    check_not_xla, grad_name, tensor_name)
+from kerasdist.tensorflow.compression import Compression
 from kerasdist.tensorflow.library import raw_ops
-
-Average = 0
-Sum = 1
-Min = 2
-Max = 3
-Product = 4
-Adasum = 5
-_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product",
-             Adasum: "Adasum"}
-
-SUPPORTED_DTYPES = (
-    tf.float16, tf.bfloat16, tf.float32, tf.float64,
-    tf.int32, tf.int64, tf.uint8, tf.int8, tf.uint16, tf.int16, tf.bool,
-)
 
 
 def _check_op(op):
-    if op not in _OP_NAMES:
+    if op not in OP_NAMES:
         raise ValueError(
             "Invalid value for argument `op`. Expected one of kerasdist.Average, "
             "Sum, Min, Max, Product, Adasum (0-5). Received: op=" + repr(op)
         )
-
-
-_SUPPORTED = frozenset(SUPPORTED_DTYPES)
-
-
-def _check_dtype(tensor, what):
-    if tensor.dtype not in _SUPPORTED:
-        raise TypeError(
-            f"Unsupported dtype for `{what}`. Expected one of "
-            + ", ".join(d.name for d in SUPPORTED_DTYPES)
-            + f". Received: dtype={tensor.dtype.name}"
-        )
-
-
-def _as_tensor(value, what):
-    """`value` as a tensor of a supported dtype (raises TypeError if not).
-
-    A `tf.Tensor` is returned as it is: `tf.convert_to_tensor` costs more
-    per eager call than a small collective itself (measured 12 us of 41).
-    """
-    tensor = value if isinstance(value, tf.Tensor) else tf.convert_to_tensor(value)
-    _check_dtype(tensor, what)
-    return tensor
-
-
-def _in_xla_context():
-    """True while tracing a function compiled with XLA (`jit_compile=True`).
-
-    TensorFlow enters an XLA control-flow context on the calling graph while
-    it traces such a function; there is no public query, so this reads the
-    graphs' contexts defensively and answers False if they are unavailable.
-    """
-    graph = tf.compat.v1.get_default_graph()
-    while graph is not None:
-        get = getattr(graph, "_get_control_flow_context", None)
-        ctx = get() if get else None
-        while ctx is not None:
-            is_xla = getattr(ctx, "IsXLAContext", None)
-            if is_xla and is_xla():
-                return True
-            ctx = getattr(ctx, "outer_context", None)
-        graph = getattr(graph, "outer_graph", None)
-    return False
-
-
-def _check_not_xla(kind, eager=None):
-    eager = tf.executing_eagerly() if eager is None else eager
-    if not eager and _in_xla_context():
-        raise ValueError(
-            f"kerasdist `{kind}` cannot run inside an XLA-compiled function "
-            "(`jit_compile=True`): XLA compiles the step into one program and "
-            "cannot call the collective engine. Run this step without XLA: use "
-            "`tf.function(..., jit_compile=False)`, or "
-            "`model.compile(..., jit_compile=False)` for Keras."
-        )
-
-
-def _tensor_name(kind, name, set_id=0):
-    eager = tf.executing_eagerly()
-    _check_not_xla(kind, eager)
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(
-                "Invalid value for argument `name`. Expected a non-empty "
-                f"string or None. Received: name={name!r}"
-            )
-        return name
-    if eager:
-        # Per process set: only its members issue its calls.
-        return context.next_name(f"{kind}.set{set_id}" if set_id else kind)
-    return ""  # inside a graph: the kernel uses the op's node name
 
 
 def _derived(name, suffix):
@@ -210,14 +128,14 @@ def allreduce(
         else:
             return _allreduce_sparse(tensor, op, name, prescale_factor,
                                      postscale_factor, process_set)
-    tensor = _as_tensor(tensor, "allreduce")
+    tensor = as_tensor(tensor, "allreduce")
     wire, ctx = compression.compress(tensor)
     out = raw_ops().kerasdist_allreduce(
         wire,
         reduce_op=op,
         prescale_factor=float(prescale_factor),
         postscale_factor=float(postscale_factor),
-        tensor_name=_tensor_name("allreduce", name, set_id),
+        tensor_name=tensor_name("allreduce", name, set_id),
         process_set_id=set_id,
     )
     return compression.decompress(out, ctx)
@@ -234,7 +152,7 @@ def _allreduce_sparse(slices, op, name, prescale_factor, postscale_factor, proce
     if op not in (Average, Sum):
         raise NotImplementedError(
             "Only op=kerasdist.Average and op=kerasdist.Sum are supported "
-            f"for tf.IndexedSlices. Received: op={_OP_NAMES[op]}. Pass "
+            f"for tf.IndexedSlices. Received: op={OP_NAMES[op]}. Pass "
             "`sparse_as_dense=True` to reduce them densely."
         )
     if prescale_factor != 1.0 or postscale_factor != 1.0:
@@ -280,7 +198,7 @@ def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0,
     tensors = list(tensors)
     if not tensors:
         return []
-    base = _tensor_name("grouped_allreduce", name, set_id)
+    base = tensor_name("grouped_allreduce", name, set_id)
     results = [None] * len(tensors)
     dense, wires, ctxs = [], [], []
     for i, t in enumerate(tensors):
@@ -289,7 +207,7 @@ def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0,
                 t, op, _derived(base, f"sparse.{i}"), prescale_factor,
                 postscale_factor, compression, sparse_as_dense, process_set=process_set)
             continue
-        t = _as_tensor(t, "grouped_allreduce")
+        t = as_tensor(t, "grouped_allreduce")
         wire, ctx = compression.compress(t)
         dense.append(i)
         wires.append(wire)
@@ -329,14 +247,14 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     check_initialized()
     del ignore_name_scope
     set_id, _ = _sets.resolve(process_set, "allgather")
-    tensor = _as_tensor(tensor, "allgather")
+    tensor = as_tensor(tensor, "allgather")
     if tensor.shape.rank == 0:
         raise ValueError(
             "allgather requires a tensor with at least one dimension. "
             "Received a scalar; reshape it to [1] first."
         )
     return raw_ops().kerasdist_allgather(
-        tensor, tensor_name=_tensor_name("allgather", name, set_id), process_set_id=set_id
+        tensor, tensor_name=tensor_name("allgather", name, set_id), process_set_id=set_id
     )
 
 
@@ -360,9 +278,9 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     check_initialized()
     del ignore_name_scope
     set_id, root = set_root(root_rank, process_set, "broadcast")
-    tensor = _as_tensor(tensor, "broadcast")
+    tensor = as_tensor(tensor, "broadcast")
     return raw_ops().kerasdist_broadcast(
-        tensor, root_rank=root, tensor_name=_tensor_name("broadcast", name, set_id),
+        tensor, root_rank=root, tensor_name=tensor_name("broadcast", name, set_id),
         process_set_id=set_id,
     )
 
@@ -393,7 +311,7 @@ def barrier(process_set=None, name=None):
     """
     check_initialized()
     set_id, _ = _sets.resolve(process_set, "barrier")
-    raw_ops().kerasdist_barrier(tensor_name=_tensor_name("barrier", name, set_id),
+    raw_ops().kerasdist_barrier(tensor_name=tensor_name("barrier", name, set_id),
                                   process_set_id=set_id)
 
 
@@ -412,7 +330,7 @@ def join(device=""):
     """
     check_initialized()
     del device
-    _check_not_xla("join")
+    check_not_xla("join")
     out = raw_ops().kerasdist_join(tensor_name="join")
     return int(out) if tf.executing_eagerly() else out
 
@@ -423,24 +341,17 @@ def join(device=""):
 # rank's slice of it for allgather, zero off the root for broadcast).
 
 
-def _grad_name(op, suffix):
-    base = op.get_attr("tensor_name")
-    if isinstance(base, bytes):
-        base = base.decode()
-    return f"{base}.{suffix}" if base else None
-
-
 def _reduce_grad_args(op, kind):
     """The arguments that reduce the incoming gradients of an allreduce op."""
     reduce_op = op.get_attr("reduce_op")
     if reduce_op not in (Average, Sum):
         raise ValueError(
             f"{kind} is differentiable only for op=Average or op=Sum. "
-            f"Received: op={_OP_NAMES.get(reduce_op, reduce_op)}"
+            f"Received: op={OP_NAMES.get(reduce_op, reduce_op)}"
         )
     return dict(
         op=reduce_op,
-        name=_grad_name(op, "grad"),
+        name=grad_name(op, "grad"),
         prescale_factor=op.get_attr("prescale_factor"),
         postscale_factor=op.get_attr("postscale_factor"),
         process_set=_sets.by_id(op.get_attr("process_set_id")),
@@ -463,9 +374,9 @@ def _allgather_grad(op, grad):
     set_id = op.get_attr("process_set_id")
     ps = _sets.by_id(set_id)
     rank, size = _sets.rank_size(set_id)
-    grad = allreduce(grad, op=Average, name=_grad_name(op, "grad"), process_set=ps)
+    grad = allreduce(grad, op=Average, name=grad_name(op, "grad"), process_set=ps)
     dim0 = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
-    sizes = allgather(dim0, name=_grad_name(op, "grad_sizes"), process_set=ps)
+    sizes = allgather(dim0, name=grad_name(op, "grad_sizes"), process_set=ps)
     return tf.split(grad, sizes, num=size, axis=0)[rank]
 
 
@@ -473,6 +384,6 @@ def _allgather_grad(op, grad):
 def _broadcast_grad(op, grad):
     root = op.get_attr("root_rank")  # within the process set
     set_id = op.get_attr("process_set_id")
-    grad = allreduce(grad, op=Average, name=_grad_name(op, "grad"),
+    grad = allreduce(grad, op=Average, name=grad_name(op, "grad"),
                      process_set=_sets.by_id(set_id))
     return grad if _sets.rank_size(set_id)[0] == root else tf.zeros_like(grad)
