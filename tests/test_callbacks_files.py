@@ -10,7 +10,8 @@ import pytest
 
 import kerasdist as kd
 from kerasdist._keras import fit_guard as _fit_guard
-from kerasdist.callbacks.model_checkpoint import ModelCheckpoint, atomic_save
+from kerasdist.callbacks.model_checkpoint import ModelCheckpoint
+from kerasdist.common.files import atomic_save
 
 
 @pytest.fixture(autouse=True)
