@@ -5,8 +5,7 @@ import tensorflow as tf
 
 import keras
 
-from kerasdist.tensorflow import functions
-from kerasdist.tensorflow import ops
+from kerasdist.tensorflow import functions, ops
 
 
 def _numeric(value):

@@ -39,9 +39,9 @@ import inspect
 import keras
 import tensorflow as tf
 
+from kerasdist.common.context import context
 from kerasdist.tensorflow import ops
 from kerasdist.tensorflow.functions import allgather_object
-from kerasdist.common.context import context
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end",
                 "on_batch_begin", "on_batch_end")

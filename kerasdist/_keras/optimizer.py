@@ -12,9 +12,9 @@ import keras
 from kerasdist._keras import first_update as _first_update
 from kerasdist._keras import fit_guard as _fit_guard
 from kerasdist._keras import reduce as _reduce
+from kerasdist.common.context import check_initialized, context
 from kerasdist.tensorflow import ops
 from kerasdist.tensorflow.compression import Compression
-from kerasdist.common.context import check_initialized, context
 
 
 class _DistributedMixin:

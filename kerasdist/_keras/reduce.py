@@ -7,9 +7,9 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from kerasdist.tensorflow import ops
 from kerasdist.common import process_sets as _sets
 from kerasdist.common.context import context
+from kerasdist.tensorflow import ops
 
 
 class Settings:

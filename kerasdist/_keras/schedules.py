@@ -11,7 +11,7 @@ import numbers
 import keras
 from keras import ops
 
-from kerasdist.common import basics as runtime
+from kerasdist.common import basics
 
 
 def _check_positive_number(value, arg):
@@ -42,7 +42,7 @@ def scale_learning_rate(lr):
     >>> optimizer = keras.optimizers.SGD(kerasdist.scale_learning_rate(0.01))
     """
     _check_positive_number(lr, "lr")
-    return float(lr) * runtime.size()
+    return float(lr) * basics.size()
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")
@@ -97,7 +97,7 @@ class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
                 f"non-negative integer. Received: warmup_steps={warmup_steps!r}"
             )
         if world_size is None:
-            world_size = runtime.size()
+            world_size = basics.size()
         if (isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral)
                 or world_size < 1):
             raise ValueError(

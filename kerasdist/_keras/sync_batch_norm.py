@@ -3,8 +3,8 @@
 import keras
 from keras import ops as kops
 
-from kerasdist.tensorflow import ops
 from kerasdist.common.context import check_initialized, context
+from kerasdist.tensorflow import ops
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")

@@ -9,9 +9,9 @@ optimizer then applies them.
 import tensorflow as tf
 
 from kerasdist._keras import reduce as _reduce
+from kerasdist.common.context import check_initialized, context
 from kerasdist.tensorflow import ops
 from kerasdist.tensorflow.compression import Compression
-from kerasdist.common.context import check_initialized, context
 
 
 class _DistributedTapeMixin:

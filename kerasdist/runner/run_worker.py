@@ -68,9 +68,9 @@ def _extend_sys_path(caller_path):
 
 def _shutdown_kerasdist():
     """Shuts kerasdist down if the function initialized it."""
-    runtime = sys.modules.get("kerasdist.common.basics")
-    if runtime is not None and runtime.is_initialized():
-        runtime.shutdown()
+    basics = sys.modules.get("kerasdist.common.basics")
+    if basics is not None and basics.is_initialized():
+        basics.shutdown()
 
 
 def main(argv):
