@@ -1,5 +1,6 @@
 """Horovod's reducescatter, alltoall, grouped_allgather and broadcast_ at
-np=2 and np=3 (tests/parity/*.py under mpiexec), against numpy."""
+np=2 and np=3 (tests/mp/alltoall.py, reducescatter.py and scatter_errors.py
+under mpiexec), against numpy."""
 
 import pytest
 
@@ -19,8 +20,8 @@ SCRIPTS = {
 
 @pytest.mark.parametrize("np_", [2, 3])
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
-def test_parity_collectives(script, np_):
-    out = run_mpi(f"../parity/{script}", np_, timeout=300).stdout
+def test_collectives_match_numpy_and_fail_clearly(script, np_):
+    out = run_mpi(script, np_, timeout=300).stdout
     for name in SCRIPTS[script]:
         assert out.count(f"{name} passed") == np_, (name, out[-4000:])
 
@@ -29,5 +30,5 @@ def test_alltoall_and_reducescatter_over_mpi_only():
     # The runs above use the shared-memory links between ring neighbours;
     # this one keeps every byte on MPI (staged through engine scratch).
     for script in ("alltoall.py", "reducescatter.py"):
-        out = run_mpi(f"../parity/{script}", 3, timeout=300, env={"KERASDIST_SHM": "0"}).stdout
+        out = run_mpi(script, 3, timeout=300, env={"KERASDIST_SHM": "0"}).stdout
         assert out.count("check_every_dtype") == 3, out[-4000:]

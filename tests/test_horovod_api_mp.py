@@ -1,4 +1,5 @@
-"""Horovod parity at np=2 and np=3 (tests/parity/*.py under mpiexec)."""
+"""Horovod's API semantics at np=2 and np=3, Horovod's TF2 example, the first
+update's broadcast and the elastic state (rank scripts under mpiexec)."""
 
 from pathlib import Path
 
@@ -12,23 +13,23 @@ CHECKS = ("check_sparse_predivide", "check_mismatch_and_objects",
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_parity_checks(np_, tmp_path):
-    out = run_mpi("../parity/checks.py", np_, timeout=300,
-                  env={"KD_PARITY_TMP": str(tmp_path)}).stdout
+def test_horovod_api_checks(np_, tmp_path):
+    out = run_mpi("horovod_api.py", np_, timeout=300,
+                  env={"KD_TEST_TMP": str(tmp_path)}).stdout
     for name in CHECKS:
         assert out.count(f"{name} passed") == np_, (name, out[-4000:])
 
 
 def test_horovod_tf2_custom_loop_ends_with_identical_replicas(tmp_path):
-    out = run_mpi("../parity/tensorflow2_mnist.py", 2, timeout=400,
-                  env={"KD_PARITY_TMP": str(tmp_path), "KD_PARITY_STEPS": "100"}).stdout
+    out = run_mpi("../horovod_compat/horovod_style_tf2_mnist.py", 2, timeout=400,
+                  env={"KD_TEST_TMP": str(tmp_path), "KD_TF2_MNIST_STEPS": "100"}).stdout
     assert out.count("replicas identical") == 2, out[-4000:]
     assert (tmp_path / "checkpoints-1.index").exists()
 
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_forgotten_broadcast_still_gives_identical_replicas(np_):
-    out = run_mpi("../parity/forgot_broadcast.py", np_, timeout=300).stdout
+    out = run_mpi("first_update_broadcast.py", np_, timeout=300).stdout
     for what in ("fit", "unbuilt model", "custom loop", "callback"):
         assert out.count(f"{what} replicas identical") == np_, (what, out[-4000:])
 
@@ -39,10 +40,10 @@ def test_elastic_state_resumes_a_restarted_job_at_the_last_committed_batch(tmp_p
 
     from test_supervise import RUNNER, run_bounded
 
-    script = Path(__file__).parent / "parity" / "elastic_fit.py"
+    script = Path(__file__).parent / "scripts" / "elastic_fit.py"
     ref = tmp_path / "ref"
     ref.mkdir()
-    run_mpi("../parity/elastic_fit.py", 2, timeout=200, args=[ref],
+    run_mpi("../scripts/elastic_fit.py", 2, timeout=200, args=[ref],
             env={"KD_NO_CRASH": "1"})
     out = run_bounded([*RUNNER, "-np", 2, "--max-restarts", 1,
                        sys.executable, script, tmp_path], 300,

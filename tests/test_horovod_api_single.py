@@ -1,4 +1,4 @@
-"""Horovod-parity names at size 1 under plain pytest."""
+"""Horovod's API names and semantics at size 1 under plain pytest."""
 
 import warnings
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "examples"))  # offline: local MNIST
 from mnist_data import load_mnist  # noqa: E402  offline: local MNIST
 
-STEPS = int(os.environ.get("KD_PARITY_STEPS", "200"))
+STEPS = int(os.environ.get("KD_TF2_MNIST_STEPS", "200"))
 
 
 def main():
@@ -56,7 +56,7 @@ def main():
     # Horovod: adjust learning rate based on number of GPUs.
     opt = tf.optimizers.Adam(0.001 * hvd.size())
 
-    checkpoint_dir = os.environ.get("KD_PARITY_TMP", "/tmp") + "/checkpoints"
+    checkpoint_dir = os.environ.get("KD_TEST_TMP", "/tmp") + "/checkpoints"
     checkpoint = tf.train.Checkpoint(model=mnist_model, optimizer=opt)
 
     @tf.function

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import kerasdist as kd
-from _common import log, main
+from _util import log, main
 
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "int8"]
 

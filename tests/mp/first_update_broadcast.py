@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import kerasdist as kd
-from _common import log, main
+from _util import log, main
 
 
 def weights_everywhere(model):

@@ -1,4 +1,4 @@
-"""Horovod-parity checks at np=2 and np=3, each against numpy values."""
+"""Horovod API semantics at np=2 and np=3, each checked against numpy values."""
 
 import os
 import warnings
@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import kerasdist as kd
 import kerasdist.keras as hvdk
-from _common import log, main
+from _util import log, main
 
 
 def check_sparse_predivide(size, r):
@@ -213,7 +213,7 @@ def check_sync_batch_norm(size, r):
 
 def run():
     size, r = kd.size(), kd.rank()
-    tmp = kd.broadcast_object(os.environ.get("KD_PARITY_TMP", "/tmp"))
+    tmp = kd.broadcast_object(os.environ.get("KD_TEST_TMP", "/tmp"))
     for check in (check_sparse_predivide, check_mismatch_and_objects,
                   check_average_argument, check_queries, check_tape,
                   check_partial_optimizer, check_sync_batch_norm):

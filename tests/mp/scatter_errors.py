@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 import kerasdist as kd
-from _common import log, main
+from _util import log, main
 from kerasdist.tensorflow.library import raw_ops
 
 
