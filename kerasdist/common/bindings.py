@@ -71,9 +71,11 @@ def after_init(ctx):
 def _first(what):
     if not _BINDINGS:
         raise RuntimeError(
-            f"`{what}` runs through a framework binding, and none is loaded. "
-            "Use kerasdist's public API (`import kerasdist`; its `init()` "
-            "loads the TensorFlow binding) or `import kerasdist.tensorflow`.")
+            f"Collectives on Python objects (`{what}`, which process sets "
+            "use to agree) run through a framework binding, and none is "
+            "loaded. Use kerasdist's public API (`import kerasdist`: its "
+            "`init()` loads the TensorFlow binding), or "
+            "`import kerasdist.tensorflow` first.")
     return _BINDINGS[0]
 
 
