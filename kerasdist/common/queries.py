@@ -11,6 +11,25 @@ import os
 from kerasdist.common.context import check_initialized, context
 
 
+def checked_set_id(process_set_id, process_set):
+    """The id of the process set given by id or object, for the query ops
+    (`size_op`, ...); raises ValueError if it is not registered."""
+    check_initialized()
+    if process_set is not None:
+        set_id = getattr(process_set, "process_set_id", None)
+        if set_id is None:
+            raise ValueError(f"{process_set!r} is not registered. Call "
+                             "`kerasdist.add_process_set()` first.")
+        return set_id
+    if not isinstance(process_set_id, int) or (
+            process_set_id != 0 and process_set_id not in context.process_sets):
+        raise ValueError(
+            "Invalid value for argument `process_set_id`. Expected 0 or the id of a "
+            f"registered process set ({sorted(context.process_sets)}). "
+            f"Received: process_set_id={process_set_id!r}")
+    return process_set_id
+
+
 def is_homogeneous():
     """Returns True if every host runs the same number of processes."""
     check_initialized()

@@ -10,28 +10,11 @@ communicator reads the new rank and size.
 `kerasdist.ProcessSet`.
 """
 
-from kerasdist.common.context import check_initialized, context
+from kerasdist.common.context import check_initialized
+from kerasdist.common.queries import checked_set_id
 from kerasdist.tensorflow.library import raw_ops
 
 _RANK, _LOCAL_RANK, _SIZE, _LOCAL_SIZE, _INCLUDED = range(5)
-
-
-def _set_id(process_set_id, process_set):
-    """The id of the set given by id or object; checks that it exists."""
-    check_initialized()
-    if process_set is not None:
-        set_id = getattr(process_set, "process_set_id", None)
-        if set_id is None:
-            raise ValueError(f"{process_set!r} is not registered. Call "
-                             "`kerasdist.add_process_set()` first.")
-        return set_id
-    if not isinstance(process_set_id, int) or (
-            process_set_id != 0 and process_set_id not in context.process_sets):
-        raise ValueError(
-            "Invalid value for argument `process_set_id`. Expected 0 or the id of a "
-            f"registered process set ({sorted(context.process_sets)}). "
-            f"Received: process_set_id={process_set_id!r}")
-    return process_set_id
 
 
 def _query(kind, name, set_id=0):
@@ -84,7 +67,7 @@ def size_op(process_set_id=0, name=None, process_set=None):
     Returns:
         A scalar `tf.int32` tensor.
     """
-    return _query(_SIZE, name, _set_id(process_set_id, process_set))
+    return _query(_SIZE, name, checked_set_id(process_set_id, process_set))
 
 
 def local_size_op(name=None):
@@ -113,4 +96,4 @@ def process_set_included_op(process_set_id=0, name=None, process_set=None):
     Returns:
         A scalar `tf.int32` tensor.
     """
-    return _query(_INCLUDED, name, _set_id(process_set_id, process_set))
+    return _query(_INCLUDED, name, checked_set_id(process_set_id, process_set))
