@@ -202,7 +202,8 @@ setup(
     else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["kerasdist", "kerasdist.callbacks"],
+    packages=["kerasdist", "kerasdist.callbacks", "kerasdist.common",
+              "kerasdist.tensorflow", "kerasdist._keras", "kerasdist.runner"],
     package_dir={"kerasdist": "kerasdist", "kerasdist.callbacks": "callbacks"},
     ext_modules=[
         Extension("kerasdist._kerasdist_tf", sources=TF_SOURCES, include_dirs=["kerasdist/csrc"],
@@ -212,5 +213,5 @@ setup(
     cmdclass={"build_ext": BuildOps},
     install_requires=["mpi4py>=4", "numpy", "cloudpickle"],
     extras_require={"tfds": ["tensorflow-datasets", "importlib_resources"]},
-    entry_points={"console_scripts": ["kerasdist-run=kerasdist.runner:main"]},
+    entry_points={"console_scripts": ["kerasdist-run=kerasdist.runner.cli:main"]},
 )

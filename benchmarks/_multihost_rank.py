@@ -84,7 +84,7 @@ def kd_pass(mode, comm, meter, args):
 
     os.environ["KERASDIST_HIERARCHICAL_ALLREDUCE"] = "1" if mode == "hier" else "0"
     kd.init()
-    info = kd.runtime.transport_info()
+    info = kd.transport_info()
     size = comm.Get_size()
     for nbytes in args.sizes:
         n = nbytes // 4

@@ -298,7 +298,8 @@ def machine_info(comm, kd, tf):
         "kerasdist": getattr(kd, "__version__", "?"), "mpi4py": mpi4py.__version__,
         "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)},
-        "kerasdist_config": getattr(getattr(kd.runtime, "context", None), "config", None),
+        "kerasdist_config": getattr(getattr(sys.modules.get("kerasdist.common.basics"), "context", None),
+                                     "config", None),
     }
 
 

@@ -253,7 +253,7 @@ def worker(a):
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
     }
     if a.kerasdist:
-        out["transport"] = hvd.runtime.transport_info() if size > 1 else None
+        out["transport"] = hvd.transport_info() if size > 1 else None
     path = f"{a.out}.rank{rank}.json"
     with open(path + ".tmp", "w") as f:
         json.dump(out, f)

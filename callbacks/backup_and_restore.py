@@ -5,9 +5,9 @@ import os
 import keras
 import numpy as np
 
-from kerasdist.callbacks.model_checkpoint import atomic_save
-from kerasdist.functions import broadcast_object, broadcast_variables
-from kerasdist.runtime import context
+from kerasdist.common.context import context
+from kerasdist.common.files import atomic_save
+from kerasdist.tensorflow.functions import broadcast_object, broadcast_variables
 
 
 class BackupAndRestore(keras.callbacks.Callback):

@@ -2,7 +2,7 @@
 
 import keras
 
-from kerasdist.functions import broadcast_variables
+from kerasdist.tensorflow.functions import broadcast_variables
 
 
 def _shared_variables(model, local_variables=()):

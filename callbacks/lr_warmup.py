@@ -2,7 +2,7 @@
 
 import numbers
 
-from kerasdist import runtime
+from kerasdist.common import basics
 
 from .lr_schedule import LearningRateScheduleCallback
 
@@ -90,17 +90,17 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     def _finish_warmup(self, epoch):
         self._set_lr(self.initial_lr)
         self._warming = False
-        if self.verbose and runtime.rank() == 0:
+        if self.verbose and basics.rank() == 0:
             lr = float(self._lr_variable())
             print(f"\nEpoch {epoch + 1}: finished learning rate warmup to "
                   f"{lr:g}.", flush=True)
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        self._size = runtime.size()
+        self._size = basics.size()
         self._warming = False
         if (self.verbose and self.momentum_correction and self._has_momentum()
-                and not self._momentum_note_done and runtime.rank() == 0):
+                and not self._momentum_note_done and basics.rank() == 0):
             self._momentum_note_done = True
             print("LearningRateWarmupCallback: `momentum_correction` has no "
                   "effect with Keras 3 optimizers (their momentum is a "

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import keras
 
-from kerasdist import functions, ops
+from kerasdist.tensorflow import functions, ops
 
 
 def _numeric(value):

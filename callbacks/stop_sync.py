@@ -4,7 +4,8 @@ import tensorflow as tf
 
 import keras
 
-from kerasdist import _fit_guard, ops
+from kerasdist._keras import fit_guard as _fit_guard
+from kerasdist.tensorflow import ops
 
 
 class SyncStopTrainingCallback(keras.callbacks.Callback):

@@ -3,8 +3,8 @@
 import keras
 
 from kerasdist.callbacks.broadcast_global_variables import _shared_variables
-from kerasdist.functions import allgather_object, broadcast_variables
-from kerasdist.ops import join
+from kerasdist.tensorflow.functions import allgather_object, broadcast_variables
+from kerasdist.tensorflow.ops import join
 
 
 class UnevenDataCallback(keras.callbacks.Callback):

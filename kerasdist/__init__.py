@@ -1,10 +1,10 @@
-"""kerasdist: distributed data-parallel training for Keras 3 on TensorFlow.
+"""kerasdist: distributed data-parallel training for Keras 3 and TensorFlow.
 
 Import it as Horovod's Keras module (`import kerasdist as hvd`): the names
 and arguments follow Horovod's.
 
 The public names are loaded on first use, so that `import kerasdist` (and
-the `kerasdist-run` launcher, which lives in this package) does not pay for
+the `kerasdist-run` launcher, `kerasdist.runner`) does not pay for
 importing TensorFlow until something needs it.
 """
 
@@ -18,39 +18,44 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "Compression": "kerasdist.compression",
-    "DistributedOptimizer": "kerasdist.optimizer",
-    "PartialDistributedOptimizer": "kerasdist.optimizer",
-    "load_model": "kerasdist.optimizer",
-    "DistributedGradientTape": "kerasdist.tape",
-    "PartialDistributedGradientTape": "kerasdist.tape",
-    "SyncBatchNormalization": "kerasdist.sync_batch_norm",
-    "allgather_object": "kerasdist.functions",
-    "broadcast_object": "kerasdist.functions",
-    "broadcast_variables": "kerasdist.functions",
-    "LinearWarmup": "kerasdist.schedules",
-    "scale_learning_rate": "kerasdist.schedules",
-    "run": "kerasdist.launch",
-    "ProcessSet": "kerasdist.process_sets",
-    "global_process_set": "kerasdist.process_sets",
-    "add_process_set": "kerasdist.process_sets",
-    "remove_process_set": "kerasdist.process_sets",
+    "Compression": "kerasdist.tensorflow.compression",
+    "DistributedOptimizer": "kerasdist._keras.optimizer",
+    "PartialDistributedOptimizer": "kerasdist._keras.optimizer",
+    "load_model": "kerasdist._keras.optimizer",
+    "DistributedGradientTape": "kerasdist._keras.tape",
+    "PartialDistributedGradientTape": "kerasdist._keras.tape",
+    "SyncBatchNormalization": "kerasdist._keras.sync_batch_norm",
+    "allgather_object": "kerasdist.common.objects",
+    "broadcast_object": "kerasdist.common.objects",
+    "broadcast_variables": "kerasdist.tensorflow.functions",
+    "LinearWarmup": "kerasdist._keras.schedules",
+    "scale_learning_rate": "kerasdist._keras.schedules",
+    "run": "kerasdist.runner.launch",
+    "ProcessSet": "kerasdist.common.process_sets",
+    "global_process_set": "kerasdist.common.process_sets",
+    "add_process_set": "kerasdist.common.process_sets",
+    "remove_process_set": "kerasdist.common.process_sets",
 }
 for _name in ("Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce",
-              "barrier", "broadcast", "grouped_allreduce", "join"):
-    _EXPORTS[_name] = "kerasdist.ops"
+              "broadcast", "grouped_allreduce", "join"):
+    _EXPORTS[_name] = "kerasdist.tensorflow.ops"
 for _name in ("alltoall", "broadcast_", "grouped_allgather", "grouped_reducescatter",
               "reducescatter"):
-    _EXPORTS[_name] = "kerasdist.collectives"
+    _EXPORTS[_name] = "kerasdist.tensorflow.collectives"
 for _name in ("rank_op", "local_rank_op", "size_op", "local_size_op",
-              "process_set_included_op", "is_homogeneous", "mpi_threads_supported",
-              "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
-              "ccl_built", "cuda_built", "rocm_built", "ddl_built", "start_timeline",
-              "stop_timeline"):
-    _EXPORTS[_name] = "kerasdist.queries"
-for _name in ("build_info", "cross_rank", "cross_size", "init", "is_initialized",
-              "local_rank", "local_size", "rank", "shutdown", "size"):
-    _EXPORTS[_name] = "kerasdist.runtime"
+              "process_set_included_op"):
+    _EXPORTS[_name] = "kerasdist.tensorflow.queries"
+for _name in ("is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+              "gloo_enabled", "gloo_built", "nccl_built", "ccl_built", "cuda_built",
+              "rocm_built", "ddl_built", "start_timeline", "stop_timeline"):
+    _EXPORTS[_name] = "kerasdist.common.queries"
+for _name in ("cross_rank", "cross_size", "is_initialized", "local_rank", "local_size",
+              "rank", "shutdown", "size", "transport_info"):
+    _EXPORTS[_name] = "kerasdist.common.basics"
+# Framework-neutral, and they load the TensorFlow binding when TensorFlow
+# is already imported (kerasdist/_dispatch.py).
+for _name in ("barrier", "build_info", "init"):
+    _EXPORTS[_name] = "kerasdist._dispatch"
 del _name
 
 __all__ = sorted(list(_EXPORTS) + ["callbacks", "data", "elastic"])

@@ -11,8 +11,8 @@ import hashlib
 import numpy as np
 import tensorflow as tf
 
-from kerasdist.functions import allgather_object
-from kerasdist.runtime import rank, size
+from kerasdist.common.basics import rank, size
+from kerasdist.tensorflow.functions import allgather_object
 
 _NAME_PREFIX = "kerasdist.data"
 

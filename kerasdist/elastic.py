@@ -33,11 +33,12 @@ import functools
 import os
 import pickle
 
-from kerasdist import functions
-from kerasdist._elastic_callbacks import (CommitStateCallback,  # noqa: F401
-                                          UpdateBatchStateCallback,
-                                          UpdateEpochStateCallback)
-from kerasdist.runtime import check_initialized, context
+from kerasdist._keras.elastic_callbacks import (CommitStateCallback,  # noqa: F401
+                                                UpdateBatchStateCallback,
+                                                UpdateEpochStateCallback)
+from kerasdist.common.context import check_initialized, context
+from kerasdist.common.files import atomic_save
+from kerasdist.tensorflow import functions
 
 _FORMAT = 1
 _FILE = "state.pkl"
@@ -113,8 +114,6 @@ class State:
         snapshot = self._snapshot()
         self.__dict__["_saved"] = snapshot
         if context.rank == 0:
-            from kerasdist.callbacks.model_checkpoint import atomic_save
-
             def write(path):
                 with open(path, "wb") as f:
                     pickle.dump({"format": _FORMAT, "state": snapshot}, f)

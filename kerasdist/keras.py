@@ -13,11 +13,12 @@ import tensorflow as tf
 
 from kerasdist import *  # noqa: F401,F403
 from kerasdist import callbacks  # noqa: F401
-from kerasdist import _first_update
-from kerasdist import collectives as _collectives
-from kerasdist import ops as _ops
-from kerasdist.compression import Compression
-from kerasdist.optimizer import load_model  # noqa: F401  (Horovod's signature)
+from kerasdist._keras import first_update as _first_update
+from kerasdist._keras.optimizer import load_model  # noqa: F401  (Horovod's signature)
+from kerasdist.common.context import check_initialized, context
+from kerasdist.tensorflow import collectives as _collectives
+from kerasdist.tensorflow import ops as _ops
+from kerasdist.tensorflow.compression import Compression
 
 
 def _numpy(tensor):
@@ -127,8 +128,6 @@ def broadcast_global_variables(root_rank):
     >>> model.compile(optimizer=hvd.DistributedOptimizer(opt), loss="mse")
     >>> hvd.broadcast_global_variables(0)
     """
-    from kerasdist.runtime import check_initialized, context
-
     check_initialized()
     if not isinstance(root_rank, int) or not 0 <= root_rank < context.size:
         raise ValueError(

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import kerasdist as kd
-from kerasdist import _fit_guard
-from kerasdist.callbacks.model_checkpoint import ModelCheckpoint, atomic_save
+from kerasdist._keras import fit_guard as _fit_guard
+from kerasdist.callbacks.model_checkpoint import ModelCheckpoint
+from kerasdist.common.files import atomic_save
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from kerasdist.callbacks.lr_schedule import LearningRateScheduleCallback
 from kerasdist.callbacks.lr_warmup import LearningRateWarmupCallback
 from kerasdist.callbacks.metric_average import MetricAverageCallback
 from kerasdist.callbacks.stop_sync import SyncStopTrainingCallback
-from kerasdist.schedules import LinearWarmup, scale_learning_rate
+from kerasdist import LinearWarmup, scale_learning_rate
 
 
 @pytest.fixture(autouse=True)

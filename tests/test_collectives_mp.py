@@ -158,5 +158,5 @@ def test_process_sets_run_independently_with_values_errors_and_fit(np_):
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_uint16_int16_bool_through_every_collective(np_):
-    out = run_mpi("dtypes_extra.py", np_, timeout=180).stdout
+    out = run_mpi("dtypes_16bit_bool.py", np_, timeout=180).stdout
     assert out.count("extra dtypes passed") == np_, out[-3000:]

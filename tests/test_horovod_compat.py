@@ -12,7 +12,9 @@ def test_horovod_style_script_runs_under_kerasdist_run(tmp_path):
     runner = os.path.join(os.path.dirname(sys.executable), "kerasdist-run")
     cmd = [runner, "-np", "2", sys.executable,
            os.path.join(HERE, "horovod_compat", "horovod_style_keras_mnist.py")]
-    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "horovod_compat"),
+    # The shim first; the kerasdist under test stays importable as before.
+    path = [os.path.join(HERE, "horovod_compat"), os.environ.get("PYTHONPATH")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
                COMPAT_EPOCHS="2", COMPAT_STEPS="40", KERASDIST_COMPAT_MNIST_LIMIT="6000",
                TF_CPP_MIN_LOG_LEVEL="2")
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,

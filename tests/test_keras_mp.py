@@ -29,7 +29,7 @@ def test_fit_custom_loop_accumulation_mixed_precision_and_load(tmp_path):
     out = fresh_python(
         "import kerasdist as kd\nkd.init()\n"
         f"m = kd.load_model({str(path)!r})\n"
-        "from kerasdist.optimizer import is_distributed\n"
+        "from kerasdist._keras.optimizer import is_distributed\n"
         "print(is_distributed(m.optimizer), int(m.optimizer.iterations))\n")
     assert out.split() == ["True", "1"]
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import kerasdist as kd
-from kerasdist.optimizer import is_distributed
+from kerasdist._keras.optimizer import is_distributed
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Tests for `kerasdist.run()` (kerasdist/launch.py), the notebook launcher.
+"""Tests for `kerasdist.run()` (kerasdist/runner/launch.py), the notebook launcher.
 
 Three launches in all (each rank importing TensorFlow is the slow part):
 a successful run shared by several tests, a failing run, and a timeout.
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from kerasdist.launch import run
+from kerasdist.runner.launch import run
 
 # Quiet TensorFlow's C++ logs on the ranks; the value checks quoting.
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "KD_LAUNCH_TEST": "it's a $HOME; test"}

@@ -1,11 +1,11 @@
-"""Tests for the `kerasdist-run` launcher (kerasdist/runner.py).
+"""Tests for the `kerasdist-run` launcher (kerasdist/runner/cli.py).
 
-The runner is loaded and run by file path; it imports only the launcher's
-own modules of the `kerasdist` package (no TensorFlow, no op library),
-except in `test_check_build`, which exercises the real build.
+The launcher is imported as `kerasdist.runner` and run as
+`python -m kerasdist.runner`; it imports only the standard library and its
+own modules (no TensorFlow, no op library), except in `test_check_build`,
+which exercises the real build.
 """
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -19,13 +19,12 @@ import types
 
 import pytest
 
-HERE = pathlib.Path(__file__).resolve().parent
-RUNNER = HERE.parent / "kerasdist" / "runner.py"
-ECHO = HERE / "scripts" / "launcher_echo.py"
+from kerasdist.runner import cli as runner
+from kerasdist.runner import relay
 
-_spec = importlib.util.spec_from_file_location("_kerasdist_runner", RUNNER)
-runner = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runner)
+HERE = pathlib.Path(__file__).resolve().parent
+RUNNER = [sys.executable, "-m", "kerasdist.runner"]
+ECHO = HERE / "scripts" / "launcher_echo.py"
 
 MPIEXEC = "/opt/mpi/bin/mpiexec"
 TRICKY = ["a b; echo pwned", "it's \"quoted\"", "$HOME", "*", "", "x\ny"]
@@ -41,7 +40,7 @@ def has_seq(items, seq):
 
 
 def run(*cli, timeout=60, cwd=None):
-    return subprocess.run([sys.executable, str(RUNNER), *map(str, cli)],
+    return subprocess.run([*RUNNER, *map(str, cli)],
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, cwd=cwd)
 
@@ -67,7 +66,7 @@ def test_basic_argv():
     assert runner.build_mpiexec_argv(args, MPIEXEC, token="ab12",
                                      supervise=True) == [
         MPIEXEC, "-n", "2", "-prepend-pattern", "\x1ekdab12:%r\x1f",
-        sys.executable, str(RUNNER.parent / "_supervise.py"), "--", "prog", "x"]
+        sys.executable, runner._SUPERVISOR, "--", "prog", "x"]
 
 
 def test_options_after_command_belong_to_command():
@@ -193,7 +192,7 @@ def test_find_mpiexec(tmp_path, monkeypatch):
 
 def _demux(flavor, data, step):
     out = []
-    demux = runner._Demux(flavor, lambda rank, line: out.append((rank, line)))
+    demux = relay._Demux(flavor, lambda rank, line: out.append((rank, line)))
     for i in range(0, len(data), step):
         demux.feed(data[i:i + step])
     demux.feed(b"", final=True)
@@ -227,7 +226,7 @@ def test_demux_openmpi_tags_only_at_line_starts(step):
 
 def _hydra_demux(token, data, step):
     out = []
-    demux = runner._Demux("mpich", lambda r, line: out.append((r, line)), token)
+    demux = relay._Demux("mpich", lambda r, line: out.append((r, line)), token)
     for i in range(0, len(data), step):
         demux.feed(data[i:i + step])
     demux.feed(b"", final=True)
@@ -258,8 +257,8 @@ def test_main_reports_invalid_arguments(capsys):
 
 
 def test_runner_does_not_import_tensorflow():
-    code = (f"import runpy, sys; sys.argv = ['x', '--help']\n"
-            f"try: runpy.run_path({str(RUNNER)!r}, run_name='__main__')\n"
+    code = ("import runpy, sys; sys.argv = ['x', '--help']\n"
+            "try: runpy.run_module('kerasdist.runner', run_name='__main__')\n"
             "except SystemExit: pass\n"
             "print('TF' if 'tensorflow' in sys.modules else 'noTF')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
@@ -331,7 +330,7 @@ def test_e2e_verbose():
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_e2e_forwards_signals(signum):
-    proc = subprocess.Popen([sys.executable, str(RUNNER), "-np", "2",
+    proc = subprocess.Popen([*RUNNER, "-np", "2",
                              sys.executable, str(ECHO), "--wait-signal"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -415,7 +414,7 @@ def test_package_and_launcher_import_without_tensorflow():
     code = ("import sys, kerasdist, kerasdist.runner\n"
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
             "from kerasdist.callbacks import MetricAverageCallback\n"
-            "assert kerasdist.allreduce.__module__ == 'kerasdist.ops'\n"
+            "assert kerasdist.allreduce.__module__ == 'kerasdist.tensorflow.ops'\n"
             "assert 'callbacks' in dir(kerasdist) and 'init' in kerasdist.__all__\n"
             "try:\n    kerasdist.no_such_name\nexcept AttributeError as e:\n"
             "    print('OK', e)\n")
@@ -444,8 +443,8 @@ def test_progress_bar_updates_relay(tty):
             + m1 + b"hello\n" + m0 + b"\b" * 10 + b"\r3/3 [===] - loss: 1\n")
     for step in (1, 7, 1000):
         console = _FakeConsole(tty)
-        sink = runner._Sink(console, "stdout", None, 2)
-        demux = runner._Demux("mpich", sink)
+        sink = relay._Sink(console, "stdout", None, 2)
+        demux = relay._Demux("mpich", sink)
         for i in range(0, len(data), step):
             demux.feed(data[i:i + step])
         demux.feed(b"", final=True)

@@ -1,22 +1,16 @@
-"""Tests for `kerasdist-run`'s hosts (kerasdist/_hosts.py): `-H`,
+"""Tests for `kerasdist-run`'s hosts (kerasdist/runner/hosts.py): `-H`,
 `--hostfile`, Slurm allocations (parsed without Slurm), rank placement and
-the mpiexec host options; and the restart policy (kerasdist/_restarts.py)."""
+the mpiexec host options; and the restart policy (kerasdist/runner/restarts.py)."""
 
-import importlib.util
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-from kerasdist import _hosts
-from kerasdist._restarts import RestartPolicy
+from kerasdist.runner import cli as runner
+from kerasdist.runner import hosts as _hosts
+from kerasdist.runner.restarts import RestartPolicy
 
-HERE = pathlib.Path(__file__).resolve().parent
-RUNNER = HERE.parent / "kerasdist" / "runner.py"
-_spec = importlib.util.spec_from_file_location("_kerasdist_runner_h", RUNNER)
-runner = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runner)
 MPIEXEC = "/opt/mpi/bin/mpiexec"
 
 
@@ -178,7 +172,7 @@ def test_restart_policy_needs_min_np_to_leave_out_hosts():
 def test_verbose_shows_hosts_and_argv():
     # localhost and 127.0.0.1 are two hosts to Hydra, both started locally.
     out = subprocess.run(
-        [sys.executable, str(RUNNER), "-np", "3", "--verbose", "-H",
+        [sys.executable, "-m", "kerasdist.runner", "-np", "3", "--verbose", "-H",
          "localhost:1,127.0.0.1:1,localhost:1", "sh", "-c",
          'echo "host=$PMI_HOSTNAME"'],
         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)

@@ -13,7 +13,7 @@ FAIL_ONCE = ('echo "rank $PMI_RANK restart=${KERASDIST_RESTART:-none}"; '
 
 
 def test_restart_after_a_failure(tmp_path):
-    out = run_bounded([sys.executable, RUNNER, "-np", 2, "--max-restarts", 2,
+    out = run_bounded([*RUNNER, "-np", 2, "--max-restarts", 2,
                        "sh", "-c", FAIL_ONCE], 60, env={"DIR": str(tmp_path)})
     assert out.returncode == 0, (out.stdout, out.stderr)
     assert ("kerasdist-run: rank 1 (host " in out.stderr and
@@ -26,7 +26,7 @@ def test_restart_after_a_failure(tmp_path):
 
 
 def test_no_restarts_left(tmp_path):
-    out = run_bounded([sys.executable, RUNNER, "-np", 2, "--max-restarts", 1,
+    out = run_bounded([*RUNNER, "-np", 2, "--max-restarts", 1,
                        "sh", "-c", 'if [ "$PMI_RANK" = 0 ]; then exit 5; fi'],
                       60)
     assert out.returncode == 5, (out.stdout, out.stderr)
@@ -41,7 +41,7 @@ def test_min_np_leaves_out_a_host_that_keeps_failing():
     # is left out and the job runs on 1 rank.
     script = ('if [ "$PMI_HOSTNAME" = 127.0.0.1 ]; then exit 6; fi; '
               'echo "ok size=$PMI_SIZE restart=$KERASDIST_RESTART"')
-    out = run_bounded([sys.executable, RUNNER, "-np", 2, "-H",
+    out = run_bounded([*RUNNER, "-np", 2, "-H",
                        "localhost:1,127.0.0.1:1", "--max-restarts", 3,
                        "--min-np", 1, "sh", "-c", script], 60)
     assert out.returncode == 0, (out.stdout, out.stderr)
@@ -54,7 +54,7 @@ def test_min_np_leaves_out_a_host_that_keeps_failing():
 def test_fit_resumes_after_a_rank_kills_itself(tmp_path):
     # 3 epochs at np=2; rank 1 SIGKILLs itself in epoch 2 on the first
     # attempt. BackupAndRestore resumes the second attempt at epoch 2.
-    out = run_bounded([sys.executable, RUNNER, "-np", 2, "--max-restarts", 1,
+    out = run_bounded([*RUNNER, "-np", 2, "--max-restarts", 1,
                        sys.executable, SCRIPTS / "restart_fit.py", tmp_path], 150,
                       env={"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"})
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])

@@ -128,7 +128,7 @@ def test_invalid_environment_variable_is_reported():
 
 def test_non_finite_and_negative_settings_are_rejected():
     code = (
-        "import os\nfrom kerasdist import runtime\n"
+        "import os\nfrom kerasdist.common import config\n"
         "for name, raw in [('KERASDIST_TIMEOUT_SECONDS', 'nan'),\n"
         "                  ('KERASDIST_TIMEOUT_SECONDS', 'inf'),\n"
         "                  ('KERASDIST_DEADLOCK_TIME_SECONDS', '-1'),\n"
@@ -136,7 +136,7 @@ def test_non_finite_and_negative_settings_are_rejected():
         "                  ('KERASDIST_FUSION_THRESHOLD', '1.5'),\n"
         "                  ('KERASDIST_SPIN_MICROSECONDS', '-1')]:\n"
         "    os.environ[name] = raw\n"
-        "    try:\n        runtime.read_config()\n        print('ACCEPTED', name, raw)\n"
+        "    try:\n        config.read_config()\n        print('ACCEPTED', name, raw)\n"
         "    except ValueError as e:\n        print('ERR', e)\n"
         "    del os.environ[name]\n")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -148,8 +148,8 @@ def test_non_finite_and_negative_settings_are_rejected():
 
 
 def test_transport_info_at_size_one():
-    assert kd.runtime.transport_info().startswith("mpi(")
-    assert "shared memory" not in kd.runtime.transport_info()
+    assert kd.transport_info().startswith("mpi(")
+    assert "shared memory" not in kd.transport_info()
 
 
 def test_build_info():

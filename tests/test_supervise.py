@@ -1,4 +1,4 @@
-"""Tests for the per-rank supervisor (kerasdist/_supervise.py) and for
+"""Tests for the per-rank supervisor (kerasdist/runner/supervise.py) and for
 `kerasdist-run` stopping the whole job when one rank fails."""
 
 import os
@@ -11,8 +11,8 @@ import time
 import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
-RUNNER = HERE.parent / "kerasdist" / "runner.py"
-SUPERVISOR = HERE.parent / "kerasdist" / "_supervise.py"
+RUNNER = [sys.executable, "-m", "kerasdist.runner"]  # kerasdist-run
+SUPERVISOR = HERE.parent / "kerasdist" / "runner" / "supervise.py"
 SCRIPTS = HERE / "scripts"
 REPORT = "kerasdist-run: rank 1 (host h1) exited with code 3; stopping the job."
 
@@ -124,7 +124,7 @@ def test_rank_exiting_before_init_stops_the_job(tmp_path):
     # Rank 0 waits in kerasdist.init() (300 s by default); rank 1 exits
     # with status 3 first. The job must end at once, with rank 1's status.
     env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
-    out = run_bounded([sys.executable, RUNNER, "-np", 2, sys.executable,
+    out = run_bounded([*RUNNER, "-np", 2, sys.executable,
                        SCRIPTS / "exit_before_init.py", tmp_path], 90, env=env)
     ended = time.time()
     assert out.returncode == 3, (out.stdout, out.stderr)
@@ -143,7 +143,7 @@ def test_rank_exiting_before_init_stops_the_job(tmp_path):
 
 
 def test_rank_killed_by_a_signal_is_reported():
-    out = run_bounded([sys.executable, RUNNER, "-np", 2, "sh", "-c",
+    out = run_bounded([*RUNNER, "-np", 2, "sh", "-c",
                        'if [ "$PMI_RANK" = 1 ]; then kill -KILL $$; fi; sleep 60'],
                       60)
     assert out.returncode == 128 + signal.SIGKILL, (out.stdout, out.stderr)

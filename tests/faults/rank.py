@@ -110,7 +110,7 @@ def before_init(victim):
 
 def in_init(victim):
     import kerasdist as kd
-    import kerasdist.runtime  # noqa: F401  (TensorFlow, MPI_Init everywhere)
+    import kerasdist.common.basics  # noqa: F401  (TensorFlow, MPI_Init everywhere)
     if victim:
         wait_for(survivors_marked("init"))
         time.sleep(0.5)  # The others wait in init()'s setup exchange.

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import kerasdist as kd
 from _util import log, main
+from kerasdist.common.basics import context
 
 
 def run():
@@ -29,7 +30,7 @@ def run():
         np.testing.assert_array_equal(got, np.full(n, total + size * i, np.float32),
                                       err_msg=f"op {i} name {name}")
         if i % 100 == 99:
-            entries = kd.runtime.context.lib.kerasdist_cache_entries()
+            entries = context.lib.kerasdist_cache_entries()
             assert 0 < entries <= 32, (i, entries)
     log("cache checks passed")
 

@@ -5,7 +5,7 @@ import numpy as np
 import kerasdist as kd
 from kerasdist.callbacks.lr_schedule import LearningRateScheduleCallback
 from kerasdist.callbacks.lr_warmup import LearningRateWarmupCallback
-from kerasdist.schedules import LinearWarmup
+from kerasdist import LinearWarmup
 from _util import log, main
 from cb_common import Recorder, data, make_model
 

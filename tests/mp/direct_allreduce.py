@@ -27,6 +27,7 @@ from mpi4py import MPI
 
 import kerasdist as kd
 from _util import log, main
+from kerasdist.common.basics import context
 
 DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64,
           tf.int32, tf.int64, tf.uint8, tf.int8]
@@ -38,7 +39,7 @@ GROUP_SHAPES = [(5,), (2, 3), (37,), (1, 1, 4)]
 
 
 def direct_ops():
-    return kd.runtime.context.lib.kerasdist_direct_ops()
+    return context.lib.kerasdist_direct_ops()
 
 
 def rank_input(dtype, r, n=37):
@@ -285,7 +286,7 @@ def check_groups(size, r):
 
 def run_checks():
     size, r = kd.size(), kd.rank()
-    assert kd.runtime.context.lib.kerasdist_direct_ops() == 0
+    assert context.lib.kerasdist_direct_ops() == 0
     check_every_dtype_and_op(size, r)
     check_chained(size, r)
     check_shapes(size, r)

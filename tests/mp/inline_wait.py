@@ -64,9 +64,9 @@ def run():
         want = np.concatenate([np.full([rows[rr], 2], float(rr), np.float32) for rr in range(size)])
         np.testing.assert_array_equal(g.numpy(), want)
 
-    # Chained reducescatter, alltoall and grouped allgather (parity ops).
+    # Chained reducescatter, alltoall and grouped allgather.
     @tf.function
-    def parity(x, k):
+    def scatter_chain(x, k):
         def body(i, y):
             full = tf.tile(y, [size, 1])                           # [size * 3, 4]
             part = kd.reducescatter(full + float(r), op=kd.Sum, name="iw.rs")  # [3, 4]
@@ -78,17 +78,17 @@ def run():
         return tf.while_loop(lambda i, y: i < k, body, (tf.constant(0), x))[1]
 
     y0 = tf.reshape(tf.range(12, dtype=tf.float32), [3, 4])
-    y = parity(y0, tf.constant(10))  # exact in float32: 11 * 3 ** 10 < 2 ** 24
+    y = scatter_chain(y0, tf.constant(10))  # exact in float32: 11 * 3 ** 10 < 2 ** 24
     np.testing.assert_array_equal(y.numpy(), y0.numpy() * size ** 10)
 
     @tf.function
-    def parity_once(x):
+    def scatter_once(x):
         return (kd.alltoall(x, name="iw.a2a.check"),
                 kd.grouped_allgather([x[:1], x[:2]], name="iw.gag.check"),
                 kd.reducescatter(x, op=kd.Sum, name="iw.rs.check"))
 
     for _ in range(30):
-        moved, (g1, g2), rs = parity_once(tf.fill([size, 2], float(r)))
+        moved, (g1, g2), rs = scatter_once(tf.fill([size, 2], float(r)))
         ranks = np.arange(size, dtype=np.float32)
         np.testing.assert_array_equal(moved.numpy(), np.repeat(ranks, 2).reshape(size, 2))
         np.testing.assert_array_equal(g1.numpy(), np.repeat(ranks, 2).reshape(size, 2))

@@ -25,7 +25,7 @@ MIB = 1 << 20
 
 def run():
     size, r = kd.size(), kd.rank()
-    info = kd.runtime.transport_info()
+    info = kd.transport_info()
     log("transport:", info)
     assert ("shared memory" in info) == (r != 1 and size > 2), info
     for mib in (16, 64):

@@ -17,6 +17,7 @@ if sys.argv[1] == "mismatch" and world.Get_rank() == world.Get_size() - 1:
     os.environ["KERASDIST_DIRECT_GROUP_BYTES"] = "4096"
 
 import kerasdist as kd  # noqa: E402
+from kerasdist.common.basics import context  # noqa: E402
 
 r = world.Get_rank()
 if sys.argv[1] == "mismatch":
@@ -45,6 +46,6 @@ assert kd.cross_rank() == peers.index(r) and kd.cross_size() == len(peers)
 # an explicit KERASDIST_SPIN_MICROSECONDS wins.
 one_host = kd.local_size() == kd.size()
 want_spin = int(os.environ.get("KERASDIST_SPIN_MICROSECONDS") or (30 if one_host else 0))
-spin = kd.runtime.context.lib.kerasdist_spin_us()
+spin = context.lib.kerasdist_spin_us()
 assert spin == want_spin, (spin, want_spin)
 print(f"[rank {r}] topology ok", flush=True)

@@ -34,7 +34,7 @@ def expected_links(size, rank, off):
 
 def run():
     size, r = kd.size(), kd.rank()
-    info = kd.runtime.transport_info()
+    info = kd.transport_info()
     log("transport:", info)
     to_right, from_left = expected_links(size, r, _off)
     assert (f"to rank {(r + 1) % size}" in info) == to_right, info

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 import kerasdist as kd
-from kerasdist import _fit_guard
+from kerasdist._keras import fit_guard as _fit_guard
 from _util import log, main
 
 EPOCHS = int(sys.argv[1]) if len(sys.argv) > 1 else 2

@@ -48,7 +48,7 @@ for mode in sys.argv[1:] or ["0", "1"]:
     if leader:
         rx, tx = (a - b for a, b in zip(counters(), before))
         print(f"HIERBYTES mode={mode} host={names[comm.rank]} tx={tx} rx={rx} "
-              f"info={kd.runtime.transport_info()}", flush=True)
+              f"info={kd.transport_info()}", flush=True)
     np.testing.assert_array_equal(y[::4096], np.full(N // 4096, want, np.float32))
     del x, y
     kd.shutdown()

@@ -15,6 +15,7 @@ import tensorflow as tf
 from mpi4py import MPI
 
 import kerasdist as kd
+from kerasdist.common.basics import context
 
 
 def main():
@@ -27,9 +28,9 @@ def main():
         "hostname": socket.gethostname(),
         "processor": MPI.Get_processor_name(),
         "shm_files": sorted(os.listdir("/dev/shm")),
-        "transport": kd.runtime.transport_info(),
+        "transport": kd.transport_info(),
         # KERASDIST_SPIN_MICROSECONDS unset: the engine's choice by topology.
-        "spin_us": kd.runtime.context.lib.kerasdist_spin_us(),
+        "spin_us": context.lib.kerasdist_spin_us(),
     }
     got = kd.allreduce(tf.constant(np.arange(1000, dtype=np.int64) * (r + 1)),
                        op=kd.Sum, name="topo.sum").numpy()
