@@ -27,6 +27,7 @@ _EXPORTS = {
     "SyncBatchNormalization": "kerasdist.sync_batch_norm",
     "allgather_object": "kerasdist.functions",
     "broadcast_object": "kerasdist.functions",
+    "broadcast_global_variables": "kerasdist.functions",
     "broadcast_variables": "kerasdist.functions",
     "LinearWarmup": "kerasdist.schedules",
     "scale_learning_rate": "kerasdist.schedules",

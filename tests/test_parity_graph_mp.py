@@ -1,0 +1,24 @@
+"""Horovod's TensorFlow 1 (tf.compat.v1 graph and session) API at np=2 and
+np=4, the latter with static even/odd process sets given to init():
+object collectives and variable broadcasts (tests/parity/*.py under
+mpiexec)."""
+
+import pytest
+
+from conftest import run_mpi
+
+SCRIPTS = {
+    "graph_objects.py": ("check_global", "check_process_sets"),
+    "graph_variables.py": ("check_broadcast_variables", "check_broadcast_global_variables"),
+}
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_parity_graph(script, np_):
+    # A short deadlock bound: ranks that disagree on a name fail in seconds.
+    out = run_mpi(f"../parity/{script}", np_, timeout=300,
+                  env={"KERASDIST_DEADLOCK_TIME_SECONDS": "10"}).stdout
+    for name in SCRIPTS[script]:
+        assert out.count(f"{name} passed") == np_, (name, out[-4000:])
+
