@@ -8,6 +8,7 @@ node name is used).
 """
 
 import warnings
+import weakref
 
 import tensorflow as tf
 
@@ -422,11 +423,28 @@ def join(device=""):
 # rank's slice of it for allgather, zero off the root for broadcast).
 
 
+_GRAD_COUNTS = weakref.WeakKeyDictionary()  # graph -> {name: gradients built}
+
+
 def _grad_name(op, suffix):
+    """The name of the collective in `op`'s gradient: `"{forward}.{suffix}"`,
+    `forward` being `op`'s `tensor_name` or (unnamed, in a graph) its node
+    name. Never the gradient's own node name, whose `gradients_<n>/` scope
+    counts earlier `tf.gradients` calls and may differ between ranks whose
+    forward ops agree. In a graph, the k-th further gradient through the
+    same op (k >= 1) appends `.{k}`."""
     base = op.get_attr("tensor_name")
     if isinstance(base, bytes):
         base = base.decode()
-    return f"{base}.{suffix}" if base else None
+    if tf.executing_eagerly():
+        return f"{base}.{suffix}" if base else None
+    if not base:  # a tape's gradient gets a stand-in op with no name
+        base = op.name if hasattr(op, "name") else op.outputs[0].name.rsplit(":", 1)[0]
+    name = f"{base}.{suffix}"
+    counts = _GRAD_COUNTS.setdefault(tf.compat.v1.get_default_graph(), {})
+    k = counts.get(name, 0)
+    counts[name] = k + 1
+    return f"{name}.{k}" if k else name
 
 
 def _reduce_grad_args(op, kind):
@@ -474,4 +492,9 @@ def _broadcast_grad(op, grad):
     set_id = op.get_attr("process_set_id")
     grad = allreduce(grad, op=Average, name=_grad_name(op, "grad"),
                      process_set=_sets.by_id(set_id))
-    return grad if _sets.rank_size(set_id)[0] == root else tf.zeros_like(grad)
+    if _sets.rank_size(set_id)[0] == root:
+        return grad
+    # Off the root the result does not depend on the allreduce: without
+    # this dependency a tf.compat.v1 session prunes it and the root waits.
+    with tf.control_dependencies([grad]):
+        return tf.zeros_like(grad)

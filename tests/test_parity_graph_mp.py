@@ -1,7 +1,7 @@
 """Horovod's TensorFlow 1 (tf.compat.v1 graph and session) API at np=2 and
 np=4, the latter with static even/odd process sets given to init():
-object collectives and variable broadcasts (tests/parity/*.py under
-mpiexec)."""
+object collectives, variable broadcasts and gradients' collective names
+(tests/parity/*.py under mpiexec)."""
 
 import pytest
 
@@ -10,6 +10,7 @@ from conftest import run_mpi
 SCRIPTS = {
     "graph_objects.py": ("check_global", "check_process_sets"),
     "graph_variables.py": ("check_broadcast_variables", "check_broadcast_global_variables"),
+    "graph_grad_names.py": ("check_broadcast_gradient", "check_names_follow_the_forward_op"),
 }
 
 
