@@ -139,7 +139,9 @@ class GroupedReducescatterOp : public ReducescatterOp {
 };
 
 // Invalid splits are not refused here: the coordinator refuses them on
-// every rank, so that no rank waits for one that failed alone.
+// every rank, so that no rank waits for one that failed alone. A rank whose
+// own splits are invalid reports that failure as InvalidArgument (Horovod's
+// code for them); the other ranks keep FailedPrecondition.
 class AlltoallOp : public BatchKernel {
  public:
   using BatchKernel::BatchKernel;
@@ -166,8 +168,28 @@ class AlltoallOp : public BatchKernel {
     r.allocate = OutputAllocator(ctx, 0);
     const InlineWait wait = Handoff(*live);
     r.done = Countdown(ctx, Finisher(wait, done), 1);
+    if (!SplitsValid(r.meta, live->size())) {
+      r.done = [finish = r.done](const Status& st) {
+        finish(st.code() == StatusCode::kMismatch
+                   ? Status(StatusCode::kInvalidArgument, st.message()) : st);
+      };
+    }
     live->Enqueue(std::move(r));
     WaitInline(*live, wait, 1, done);
+  }
+
+ private:
+  // The coordinator's rule (coordinator_scatter.cc), for this rank alone.
+  static bool SplitsValid(const TensorMeta& m, int size) {
+    if (m.shape.empty()) return true;  // not a splits problem
+    if (m.splits.empty()) return m.shape[0] % size == 0;
+    if (m.splits.size() != static_cast<size_t>(size)) return false;
+    int64_t sum = 0;
+    for (int64_t s : m.splits) {
+      if (s < 0) return false;
+      sum += s;
+    }
+    return sum == m.shape[0];
   }
 };
 
