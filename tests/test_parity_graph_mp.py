@@ -1,7 +1,7 @@
 """Horovod's TensorFlow 1 (tf.compat.v1 graph and session) API at np=2 and
 np=4, the latter with static even/odd process sets given to init():
-object collectives, variable broadcasts and gradients' collective names
-(tests/parity/*.py under mpiexec)."""
+object collectives, variable broadcasts, gradients' collective names and
+elastic.TensorFlowState (tests/parity/*.py under mpiexec)."""
 
 import pytest
 
@@ -23,3 +23,9 @@ def test_parity_graph(script, np_):
     for name in SCRIPTS[script]:
         assert out.count(f"{name} passed") == np_, (name, out[-4000:])
 
+
+def test_elastic_tensorflow_state(tmp_path):
+    out = run_mpi("../parity/elastic_tf_state.py", 2, timeout=300,
+                  env={"KD_PARITY_TMP": str(tmp_path)}).stdout
+    for name in ("check_eager", "check_graph"):
+        assert out.count(f"{name} passed") == 2, (name, out[-4000:])
