@@ -494,7 +494,6 @@ def _broadcast_grad(op, grad):
                      process_set=_sets.by_id(set_id))
     if _sets.rank_size(set_id)[0] == root:
         return grad
-    # Off the root the result does not depend on the allreduce: without
-    # this dependency a tf.compat.v1 session prunes it and the root waits.
-    with tf.control_dependencies([grad]):
-        return tf.zeros_like(grad)
+    # Zeros that read the allreduce's output (ZerosLike, where tf.zeros_like
+    # makes a constant): else a tf.compat.v1 session skips it off the root.
+    return tf.raw_ops.ZerosLike(x=grad)

@@ -24,10 +24,21 @@ def sets(size, r):
     return out
 
 
+def session_configs():
+    """A default session, and one without Grappler's constant folding and
+    graph optimizations, as tf.test.TestCase's sessions (and Horovod's tests)."""
+    plain = tf.compat.v1.ConfigProto()
+    as_tf_test = tf.compat.v1.ConfigProto()
+    as_tf_test.graph_options.optimizer_options.opt_level = -1
+    rewrite = as_tf_test.graph_options.rewrite_options
+    rewrite.constant_folding = rewrite.OFF
+    return [plain, as_tf_test]
+
+
 def check_broadcast_gradient(size, r):
     # Horovod's test_horovod_broadcast_grad_cpu(_process_sets), graph half.
-    for process_set, ranks in sets(size, r):
-        with tf.compat.v1.Graph().as_default(), tf.compat.v1.Session() as sess:
+    for (process_set, ranks), config in itertools.product(sets(size, r), session_configs()):
+        with tf.compat.v1.Graph().as_default(), tf.compat.v1.Session(config=config) as sess:
             for dim, root in itertools.product((1, 2), ranks):
                 x = tf.ones([3] * dim) * r
                 y = kd.broadcast(x, root, process_set=process_set)
