@@ -438,7 +438,7 @@ def _grad_name(op, suffix):
         base = base.decode()
     if tf.executing_eagerly():
         return f"{base}.{suffix}" if base else None
-    if not base:  # a tape's gradient gets a stand-in op with no name
+    if not base:  # its node name (a tape's stand-in op has none: from its output)
         base = op.name if hasattr(op, "name") else op.outputs[0].name.rsplit(":", 1)[0]
     name = f"{base}.{suffix}"
     counts = _GRAD_COUNTS.setdefault(tf.compat.v1.get_default_graph(), {})
