@@ -27,6 +27,7 @@ _EXPORTS = {
     "SyncBatchNormalization": "kerasdist._keras.sync_batch_norm",
     "allgather_object": "kerasdist.common.objects",
     "broadcast_object": "kerasdist.common.objects",
+    "broadcast_global_variables": "kerasdist.tensorflow.functions",
     "broadcast_variables": "kerasdist.tensorflow.functions",
     "LinearWarmup": "kerasdist._keras.schedules",
     "scale_learning_rate": "kerasdist._keras.schedules",

@@ -242,6 +242,100 @@ class TensorFlowKerasState(State):
 KerasState = TensorFlowKerasState
 
 
+class TensorFlowState(State):
+    """A list of TensorFlow variables and attributes (Horovod's
+    `TensorFlowState`), eagerly or in a `tf.compat.v1` graph.
+
+    As in Horovod, the variables' values are held in memory from the start:
+    `restore()` returns to the values of construction, of the last `sync()`
+    or of the last `commit()`, whichever came last. `commit()` also writes
+    them to disk on rank 0 (see `State`), for a restarted job.
+
+    Args:
+        variables: The `tf.Variable`s, in the same order on every rank.
+            Defaults to `None` (`tf.compat.v1.global_variables()`, as in
+            Horovod; empty when executing eagerly).
+        session: The `tf.compat.v1.Session` that reads, assigns and
+            broadcasts the variables in a graph. Defaults to `None` (the
+            default session; unused when executing eagerly).
+        checkpoint_dir: As in `State`.
+        **kwargs: Attributes, e.g. `epoch=0, batch=0`.
+
+    Raises:
+        ValueError: In a `tf.compat.v1` graph without a session.
+
+    Example:
+
+    >>> state = kerasdist.elastic.TensorFlowState(model.variables, batch=0)
+    >>> state.sync()
+    """
+
+    def __init__(self, variables=None, session=None, checkpoint_dir=None, **kwargs):
+        import tensorflow as tf
+
+        super().__init__(checkpoint_dir=checkpoint_dir, **kwargs)
+        variables = list(variables) if variables else list(tf.compat.v1.global_variables())
+        self.__dict__["variables"] = variables
+        self.__dict__["session"] = None
+        self.__dict__["_graph_ops"] = None
+        if not tf.executing_eagerly():
+            session = session or tf.compat.v1.get_default_session()
+            if session is None:
+                raise ValueError(
+                    "Invalid value for argument `session` of `TensorFlowState`. "
+                    "Expected a `tf.compat.v1.Session` (or a default session) in "
+                    "a `tf.compat.v1` graph. Received: session=None")
+            self.__dict__["session"] = session
+            # Built once: later syncs and restores only run them.
+            values = [tf.compat.v1.placeholder(v.dtype, v.shape) for v in variables]
+            self.__dict__["_graph_ops"] = (
+                functions.broadcast_variables(variables, root_rank=0,
+                                              name="kerasdist.elastic.sync"),
+                values, [v.assign(x) for v, x in zip(variables, values)])
+        self.__dict__["_saved"] = self._snapshot()
+
+    def _variables(self):
+        return list(self.variables)
+
+    def _snapshot(self):
+        snap = super()._snapshot()
+        if self.session is not None:
+            snap["variables"] = list(self.session.run(self.variables))
+        else:
+            snap["variables"] = [v.numpy() for v in self.variables]
+        return snap
+
+    def _apply(self, snapshot):
+        super()._apply(snapshot)
+        if "variables" not in snapshot:
+            return
+        values = snapshot["variables"]
+        if len(values) != len(self.variables):
+            raise ValueError(
+                f"The committed state has {len(values)} variables, this "
+                f"state has {len(self.variables)}.")
+        if self.session is None:
+            for var, value in zip(self.variables, values):
+                var.assign(value)
+        else:
+            _, feeds, assigns = self._graph_ops
+            self.session.run(assigns, feed_dict=dict(zip(feeds, values)))
+
+    def sync(self):
+        """Makes every rank's variables and attributes rank 0's, and holds
+        them in memory for `restore()`, as in Horovod."""
+        check_initialized()
+        if self.session is None:
+            super().sync()
+        else:
+            self.session.run(self._graph_ops[0])
+            attrs = functions.broadcast_object(
+                {n: self.__dict__[n] for n in self._names}, root_rank=0,
+                session=self.session, name="kerasdist.elastic.sync.attrs")
+            self._apply({"attrs": attrs})
+        self.__dict__["_saved"] = self._snapshot()
+
+
 def run(func):
     """Decorates a training function `func(state, ...)` for restarts.
 
@@ -273,5 +367,5 @@ def run(func):
 
 
 __all__ = ["CommitStateCallback", "KerasState", "ObjectState", "State",
-           "TensorFlowKerasState", "UpdateBatchStateCallback",
+           "TensorFlowKerasState", "TensorFlowState", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "restart_count", "run"]

@@ -14,7 +14,8 @@ SCRIPTS = {
                     "check_in_tf_function", "check_gradients", "check_grouped_allgather",
                     "check_broadcast_inplace"),
     "scatter_errors.py": ("check_reducescatter_mismatches", "check_alltoall_mismatches",
-                          "check_join_is_refused", "check_engine_recovers", "check_before_init"),
+                          "check_alltoall_invalid_arguments", "check_join_is_refused",
+                          "check_engine_recovers", "check_before_init"),
 }
 
 

@@ -25,11 +25,17 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             moving_variance_initializer, beta_regularizer, gamma_regularizer,
             beta_constraint, gamma_constraint: As in
             `keras.layers.BatchNormalization`.
+        fused: Accepted for Horovod compatibility, where it is the
+            layer's first argument: only `False` (Horovod's default, the
+            unfused computation this layer always does) is valid. Keras 3's
+            `BatchNormalization` has no `fused` argument, so it is not passed
+            on. Defaults to `False`.
         **kwargs: Other `keras.layers.BatchNormalization` arguments;
             `renorm=True` and `synchronized=True` are not supported.
 
     Raises:
-        ValueError: For `renorm=True` or `synchronized=True`.
+        ValueError: For `renorm=True`, `synchronized=True`, or `fused`
+            that is `None` or true (Horovod refuses `True` and `None`).
 
     Example:
 
@@ -40,7 +46,12 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     """
 
     def __init__(self, axis=-1, momentum=0.99, epsilon=1e-3, center=True,
-                 scale=True, **kwargs):
+                 scale=True, fused=False, **kwargs):
+        if fused is None or fused:
+            raise ValueError(
+                "Invalid value for argument `fused`. SyncBatchNormalization "
+                "supports only fused=False (its statistics are computed "
+                f"unfused, across ranks). Received: fused={fused!r}")
         for flag in ("renorm", "synchronized"):
             if kwargs.get(flag):
                 raise ValueError(

@@ -2,6 +2,8 @@
 collectives.py): the reduce ops, the supported dtypes, the argument
 checks and the collectives' names."""
 
+import weakref
+
 import tensorflow as tf
 
 from kerasdist.common.context import context
@@ -100,10 +102,25 @@ def tensor_name(kind, name, set_id=0):
     return ""  # inside a graph: the kernel uses the op's node name
 
 
+_GRAD_COUNTS = weakref.WeakKeyDictionary()  # graph -> {name: gradients built}
+
+
 def grad_name(op, suffix):
-    """The name of a collective in `op`'s gradient: `op`'s name with
-    `suffix`, or `None` (numbered) when `op` had none."""
+    """The name of the collective in `op`'s gradient: `"{forward}.{suffix}"`,
+    `forward` being `op`'s `tensor_name` or (unnamed, in a graph) its node
+    name. Never the gradient's own node name, whose `gradients_<n>/` scope
+    counts earlier `tf.gradients` calls and may differ between ranks whose
+    forward ops agree. In a graph, the k-th further gradient through the
+    same op (k >= 1) appends `.{k}`."""
     base = op.get_attr("tensor_name")
     if isinstance(base, bytes):
         base = base.decode()
-    return f"{base}.{suffix}" if base else None
+    if tf.executing_eagerly():
+        return f"{base}.{suffix}" if base else None
+    if not base:  # its node name (a tape's stand-in op has none: from its output)
+        base = op.name if hasattr(op, "name") else op.outputs[0].name.rsplit(":", 1)[0]
+    name = f"{base}.{suffix}"
+    counts = _GRAD_COUNTS.setdefault(tf.compat.v1.get_default_graph(), {})
+    k = counts.get(name, 0)
+    counts[name] = k + 1
+    return f"{name}.{k}" if k else name

@@ -5,7 +5,8 @@ Like the collectives in ops.py, each is a TensorFlow op that works
 eagerly and inside `tf.function`, matched across ranks by name. The ranks'
 arguments are checked against each other before anything moves: a mismatch
 (shape, dtype, op, splits) fails the collective on every rank with a
-`tf.errors.FailedPreconditionError` that names what each rank sent, and the
+`tf.errors.FailedPreconditionError` that names what each rank sent (a rank
+whose own alltoall splits are invalid gets `InvalidArgumentError`), and the
 engine goes on.
 """
 
@@ -168,10 +169,15 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         RuntimeError: If kerasdist is not initialized.
         ValueError: For a scalar tensor or splits that are not 1-D.
         TypeError: For an unsupported dtype or non-integer splits.
-        tf.errors.FailedPreconditionError: At run time, on every rank, when
-            some rank's splits are invalid (wrong length, negative, not
-            summing to its first dimension) or the ranks' dtypes or trailing
-            dimensions differ. The message names each bad rank's splits.
+        tf.errors.InvalidArgumentError: At run time, on a rank whose own
+            splits are invalid (wrong length, negative, not summing to its
+            first dimension, or none and a first dimension not divisible by
+            the size), as in Horovod. The message names each bad rank's
+            splits.
+        tf.errors.FailedPreconditionError: At run time, on the other ranks
+            when some rank's splits are invalid (every rank fails together,
+            none waits), or on every rank when the ranks' dtypes or trailing
+            dimensions differ.
 
     Its gradient sends the incoming gradient back along the way it came
     (an alltoall with the received splits).

@@ -32,20 +32,69 @@ def broadcast_variables(variables, root_rank=0, process_set=None, inplace=False,
         inplace: Write the root's values straight into the variables'
             buffers (`broadcast_`, one fused op) instead of assigning
             broadcast tensors. Defaults to False.
+
+    Returns:
+        `None` when executing eagerly; in a graph (`tf.function` or a
+        `tf.compat.v1` graph), the op that performs the broadcast and the
+        assignments, as in Horovod: run it (`session.run(op)`) in a
+        `tf.compat.v1` graph, where nothing runs unless fetched.
+
+    Example:
+
+    >>> kerasdist.broadcast_variables(model.variables, root_rank=0)
     """
     check_initialized()
     variables = list(variables)
     if inplace:
-        broadcast_(variables, root_rank, name=name, process_set=process_set)
-        return
+        values = broadcast_(variables, root_rank, name=name, process_set=process_set)
+        return None if tf.executing_eagerly() else tf.group(*values)
     if name is None and not tf.executing_eagerly():
         prefix = None  # each op is named after its graph node: unique
     else:
         # Unique per call, so two calls in flight at once never collide.
         prefix = name or _next_name("broadcast_variables", process_set, "broadcast_variables")
+    assigns = []
     for i, var in enumerate(variables):
         value = ops.broadcast(tf.convert_to_tensor(var), root_rank,
                               name=f"{prefix}.{i}" if prefix else None,
                               process_set=process_set)
-        var.assign(value)
+        assigns.append(var.assign(value))
     mark_broadcast(variables)
+    return None if tf.executing_eagerly() else tf.group(*assigns)
+
+
+def broadcast_global_variables(root_rank):
+    """Broadcasts a `tf.compat.v1` graph's global variables from `root_rank`.
+
+    Horovod's TensorFlow 1 API: it broadcasts
+    `tf.compat.v1.global_variables()` and returns the op to run. In eager
+    execution there is no collection of global variables, so, as in
+    Horovod, it raises; broadcast the model's and optimizer's variables
+    with `broadcast_variables` instead (`kerasdist.keras` has a Keras
+    `broadcast_global_variables`).
+
+    Args:
+        root_rank: The rank whose values are kept.
+
+    Returns:
+        The op that broadcasts and assigns the variables.
+
+    Raises:
+        RuntimeError: When executing eagerly, or if kerasdist is not
+            initialized.
+        ValueError: For an invalid `root_rank`.
+
+    Example:
+
+    >>> with tf.compat.v1.Session() as sess:
+    ...     sess.run(tf.compat.v1.global_variables_initializer())
+    ...     sess.run(kerasdist.broadcast_global_variables(0))
+    """
+    check_initialized()
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "kerasdist.broadcast_global_variables() does not support eager "
+            "execution, as in Horovod: there is no collection of global "
+            "variables. Use `kerasdist.broadcast_variables(<model/optimizer "
+            "variables>, root_rank)` instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)

@@ -386,4 +386,8 @@ def _broadcast_grad(op, grad):
     set_id = op.get_attr("process_set_id")
     grad = allreduce(grad, op=Average, name=grad_name(op, "grad"),
                      process_set=_sets.by_id(set_id))
-    return grad if _sets.rank_size(set_id)[0] == root else tf.zeros_like(grad)
+    if _sets.rank_size(set_id)[0] == root:
+        return grad
+    # Zeros that read the allreduce's output (ZerosLike, where tf.zeros_like
+    # makes a constant): else a tf.compat.v1 session skips it off the root.
+    return tf.raw_ops.ZerosLike(x=grad)

@@ -1,6 +1,8 @@
 """Mismatched reducescatter / alltoall calls fail on every rank within a
-bound, naming the ranks and what each sent; the engine goes on. Calls
-before init() are a clear error."""
+bound, naming the ranks and what each sent; the engine goes on. A rank
+whose own alltoall splits are invalid gets InvalidArgumentError (Horovod's
+error), the others FailedPreconditionError. Calls before init() are a
+clear error."""
 
 import time
 
@@ -12,17 +14,23 @@ from _util import log, main
 from kerasdist.tensorflow.library import raw_ops
 
 
-def expect_error(fn, *needles):
+def expect_error(fn, *needles, exc=tf.errors.FailedPreconditionError):
     start = time.time()
     try:
         fn()
-    except tf.errors.FailedPreconditionError as e:
+    except tf.errors.OpError as e:
+        assert type(e) is exc, (exc.__name__, type(e).__name__, str(e))
         msg = str(e)
         for needle in needles:
             assert needle in msg, (needle, msg)
         assert time.time() - start < 10, "error took too long"
         return msg
-    raise AssertionError("expected a FailedPreconditionError")
+    raise AssertionError(f"expected a {exc.__name__}")
+
+
+def bad_if(mine):
+    """The error of a rank whose own splits are invalid, or of the others."""
+    return tf.errors.InvalidArgumentError if mine else tf.errors.FailedPreconditionError
 
 
 def check_reducescatter_mismatches(size, r):
@@ -59,20 +67,36 @@ def check_alltoall_mismatches(size, r):
     mine = bad if r == last else [1] * size
     msg = expect_error(lambda: kd.alltoall(tf.ones([size]), splits=mine, name="a2a.negative"),
                        "Invalid splits for alltoall 'a2a.negative'",
-                       f"rank {last} sent splits {bad}")
+                       f"rank {last} sent splits {bad}", exc=bad_if(r == last))
     log("alltoall bad splits:", msg.splitlines()[0][-240:])
     short = [size] if r == 0 else [1] * size
     expect_error(lambda: kd.alltoall(tf.ones([size]), splits=short, name="a2a.length"),
-                 "rank 0 sent splits", f"Expected {size} non-negative")
+                 "rank 0 sent splits", f"Expected {size} non-negative", exc=bad_if(r == 0))
     over = [2] * size if r == 0 else [1] * size
     expect_error(lambda: kd.alltoall(tf.ones([size]), splits=over, name="a2a.sum"),
-                 "rank 0 sent splits", f"first dimension of {size}")
+                 "rank 0 sent splits", f"first dimension of {size}", exc=bad_if(r == 0))
     expect_error(lambda: kd.alltoall(tf.ones([size + (1 if r == last else 0)]),
                                      name="a2a.indivisible"),
-                 f"rank {last} sent no splits", "divisible")
+                 f"rank {last} sent no splits", "divisible", exc=bad_if(r == last))
     dtype = tf.int32 if r == 0 else tf.int64
     expect_error(lambda: kd.alltoall(tf.ones([size], dtype), name="a2a.dtype"),
                  "int32", "int64")
+
+
+def check_alltoall_invalid_arguments(size, r):
+    # Horovod's test_horovod_alltoall_splits_error / _equal_split_length_error:
+    # every rank's own arguments are invalid, so every rank gets
+    # InvalidArgumentError, eagerly, in a tf.function and in a session.
+    bad = tf.errors.InvalidArgumentError
+    expect_error(lambda: kd.alltoall(tf.ones([size + 1])),
+                 f"rank {r} sent no splits for a first dimension of {size + 1}", exc=bad)
+    expect_error(lambda: kd.alltoall(tf.ones([size]), splits=[2] * size),
+                 f"rank {r} sent splits [{', '.join(['2'] * size)}]", exc=bad)
+    expect_error(lambda: tf.function(kd.alltoall)(tf.ones([size - 1, 2])),
+                 f"rank {r} sent no splits for a first dimension of {size - 1}", exc=bad)
+    with tf.compat.v1.Graph().as_default(), tf.compat.v1.Session() as sess:
+        out, _ = kd.alltoall(tf.ones([size, 3]), splits=[1] * (size + 1))
+        expect_error(lambda: sess.run(out), f"rank {r} sent splits", exc=bad)
 
 
 def check_join_is_refused(size, r):
@@ -123,7 +147,8 @@ def check_before_init(size, r):
 def run():
     size, r = kd.size(), kd.rank()
     for c in (check_reducescatter_mismatches, check_alltoall_mismatches,
-              check_join_is_refused, check_engine_recovers, check_before_init):
+              check_alltoall_invalid_arguments, check_join_is_refused,
+              check_engine_recovers, check_before_init):
         c(size, r)
         log(c.__name__, "passed")
     check_engine_recovers(size, r)

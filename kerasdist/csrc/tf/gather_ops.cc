@@ -57,7 +57,9 @@ class GroupedAllgatherOp : public CollectiveKernel {
 };
 
 // Invalid splits are not refused here: the coordinator refuses them on
-// every rank, so that no rank waits for one that failed alone.
+// every rank, so that no rank waits for one that failed alone. A rank whose
+// own splits are invalid reports that failure as InvalidArgument (Horovod's
+// code for them); the other ranks keep FailedPrecondition.
 class AlltoallOp : public CollectiveKernel {
  public:
   using CollectiveKernel::CollectiveKernel;
@@ -82,7 +84,23 @@ class AlltoallOp : public CollectiveKernel {
     r[0].received_splits = received->flat<int32_t>().data();
     r[0].allocate = AllocateOutput;
     r[0].allocate_user = ctx;
-    Enqueue(ctx, std::move(done), r, nullptr, true);
+    Enqueue(ctx, std::move(done), r, nullptr, true, {}, !SplitsValid(dims, split_rows, size));
+  }
+
+ private:
+  // The coordinator's rule (coordinator/coordinator_scatter.cc), for this
+  // rank alone.
+  static bool SplitsValid(const std::vector<int64_t>& shape, const std::vector<int64_t>& splits,
+                          int size) {
+    if (shape.empty()) return true;  // not a splits problem
+    if (splits.empty()) return shape[0] % size == 0;
+    if (splits.size() != static_cast<size_t>(size)) return false;
+    int64_t sum = 0;
+    for (int64_t s : splits) {
+      if (s < 0) return false;
+      sum += s;
+    }
+    return sum == shape[0];
   }
 };
 

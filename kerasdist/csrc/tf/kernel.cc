@@ -64,10 +64,12 @@ struct Pending {
   OpKernelContext* ctx;
   AsyncOpKernel::DoneCallback done;
   std::vector<Tensor> held;
+  bool own_fault;
 };
 
 void OnDone(void* user, int32_t code, const char* message) {
   auto* p = static_cast<Pending*>(user);
+  if (code == KERASDIST_MISMATCH && p->own_fault) code = KERASDIST_INVALID_ARGUMENT;
   if (code != KERASDIST_OK) p->ctx->SetStatus(ToTensorFlowStatus(code, message));
   AsyncOpKernel::DoneCallback done = std::move(p->done);
   delete p;
@@ -78,8 +80,8 @@ void OnDone(void* user, int32_t code, const char* message) {
 
 void Enqueue(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done,
              const std::vector<kerasdist_request>& requests, const char* group_name,
-             bool inline_wait, std::vector<Tensor> held) {
-  auto* p = new Pending{ctx, std::move(done), std::move(held)};
+             bool inline_wait, std::vector<Tensor> held, bool own_fault) {
+  auto* p = new Pending{ctx, std::move(done), std::move(held), own_fault};
   kerasdist_enqueue(requests.data(), static_cast<int32_t>(requests.size()), group_name,
                     inline_wait ? KERASDIST_INLINE : 0, OnDone, p);
 }

@@ -38,9 +38,11 @@ int32_t AllocateOutput(void* user, int32_t index, int32_t ndim, const int64_t* s
 
 // Enqueues `requests` as one batch; on completion sets ctx's status from
 // the result and calls `done`. `held` tensors stay referenced until then.
+// `own_fault`: this rank's own input caused a cross-rank failure, which it
+// then reports as InvalidArgument (Horovod's code) rather than a mismatch.
 void Enqueue(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done,
              const std::vector<kerasdist_request>& requests, const char* group_name,
-             bool inline_wait, std::vector<Tensor> held = {});
+             bool inline_wait, std::vector<Tensor> held = {}, bool own_fault = false);
 
 class CollectiveKernel : public AsyncOpKernel {
  public:
