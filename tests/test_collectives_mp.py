@@ -127,7 +127,7 @@ def test_stall_warning_names_missing_rank():
 
 
 def test_stall_shutdown_fails_instead_of_hanging():
-    out = run_mpi("stall.py", 3, timeout=120, args=["shutdown"],
+    out = run_mpi("stall.py", 3, timeout=120, args=["shutdown"], guarded_exit=True,
                   env={"KERASDIST_STALL_CHECK_TIME_SECONDS": "1",
                        "KERASDIST_STALL_SHUTDOWN_TIME_SECONDS": "3"}).stdout
     assert "Stall shutdown" in out and "not by ranks [2]" in out

@@ -16,7 +16,8 @@ def _failures(out):
 
 
 def test_deadlock_aborts_every_rank_naming_what_each_waits_on():
-    out = run_mpi("liveness.py", 3, timeout=120, env=ENV, args=["deadlock"]).stdout
+    out = run_mpi("liveness.py", 3, timeout=120, env=ENV, args=["deadlock"],
+                  guarded_exit=True).stdout
     lines = _failures(out)
     assert len(lines) == 3, out[-4000:]
     for line in lines:
@@ -48,7 +49,8 @@ def test_silent_rank_is_named_within_the_bound(case, lost, state):
 
 
 def test_differing_wire_settings_fail_init_on_every_rank():
-    out = run_mpi("settings.py", 3, timeout=120, args=["mismatch"]).stdout
+    out = run_mpi("settings.py", 3, timeout=120, args=["mismatch"],
+                  guarded_exit=True).stdout
     assert out.count("init refused") == 3, out[-4000:]
 
 
