@@ -37,8 +37,9 @@ _BLAME = [
     r"but not by ranks \[(?P<nums>\d+(?:, \d+)*)\]",
     # init()'s roll call.
     r"ranks? (?P<nums>\d+(?:, \d+)*) did not answer a roll call",
-    # shutdown() not acknowledged.
+    # shutdown() not acknowledged: rank 0's, or a worker's of rank 0.
     rf"shut down, but (?P<who>{_RANKS}) did not acknowledge it",
+    r"waiting for (?P<who>rank 0) to acknowledge shutdown",
 ]
 
 # The ranks a roll call heard ("; rank 0 answered", "; ranks 0, 1 answered").
@@ -87,7 +88,8 @@ def state(text):
             ("stall", r"Stall shutdown after|stall: .* \(KERASDIST_STALL_SHUTDOWN"),
             ("deadlock", r"[Dd]eadlock"),
             ("init", r"waiting for all ranks to call init\(\)"),
-            ("shutdown", r"shut down, but .* did not acknowledge")]:
+            ("shutdown", r"shut down, but .* did not acknowledge|"
+                         r"waiting for rank 0 to acknowledge shutdown")]:
         if re.search(needle, text):
             return name
     return None

@@ -44,6 +44,8 @@ TEXTS = [
      {1, 2}, "init"),
     ("rank 0/2: shut down, but rank 1 (host vm) did not acknowledge it within 4 s: frozen "
      "or gone", {1}, "shutdown"),
+    ("rank 1/2: timed out after 5000 ms waiting for rank 0 to acknowledge shutdown",
+     {0}, "shutdown"),
     # Two lost ranks on another host.
     ("rank 0/4: timed out after 5000 ms receiving 1048576 bytes from rank 3 in allreduce "
      "'g'; lost: rank 2 (host kdh2), rank 3 (host kdh2) (no answer to a roll call within "
