@@ -31,8 +31,13 @@ Points (the victim's side; survivors do the collective that needs it):
   not rank 0.
 - mid_fit: at batch 20 of `fit` (tiny Keras model, DistributedOptimizer),
   the others inside their step's gradient allreduces.
-- shutdown: the others are inside `shutdown()`; the victim dies 2 ms into
-  its own `shutdown()`.
+- shutdown: the others call `shutdown()` once the victim is down (its
+  process stopped or gone), so it acknowledges none of theirs. Dying 2 ms
+  into its own `shutdown()` left that to chance: the victim's engine thread
+  acknowledges the others' shutdown as soon as it arrives, so the others
+  usually completed theirs and then waited in MPI_Finalize (the next point).
+- after_shutdown: every rank's `shutdown()` returned (each acknowledged
+  the others'); then the victim dies, while the others exit.
 
 Whether the survivors of a SIGSTOP really were inside the ring (and not
 negotiating the next collective) shows in their errors; the harness checks
@@ -84,14 +89,6 @@ def fault(**info):
                     "point": POINT, "signal": SIG, **info})
     os.kill(os.getpid(), SIGNAL)
     time.sleep(3600)  # A stopped victim never gets here: it is killed.
-
-
-def fault_in(seconds, **info):
-    """Faults from a timer thread `seconds` from now, while the caller runs."""
-    timer = threading.Timer(seconds, fault, kwargs=info)
-    timer.daemon = True
-    timer.start()
-    return timer
 
 
 class FaultInside:
@@ -244,23 +241,50 @@ def mid_fit(victim):
     model.fit(x, y, batch_size=4, epochs=1000, verbose=0, callbacks=[Fault()])
 
 
+def victim_down():
+    """Waits (bounded) until the victim has faulted and is stopped or gone."""
+    wait_for(["fault", f"pid.{VICTIM}"])
+    with open(os.path.join(DIR, f"pid.{VICTIM}")) as f:
+        pid = json.load(f)["pid"]
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state in ("T", "Z", "X"):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {RANK}: the victim is still in state {state}")
+        time.sleep(0.01)
+
+
 def shutdown(victim):
     import kerasdist as kd
     kd.init()
     import tensorflow as tf
     kd.allreduce(tf.ones([8]), name="warm")
     if victim:
-        wait_for(survivors_marked("shutdown"))
-        time.sleep(0.3)
-        fault_in(0.002)
-    write(f"shutdown.{RANK}", {})
+        fault()
+    # Only once the victim is down: its engine thread acknowledges a
+    # shutdown() for it as long as it runs, even while its Python sleeps.
+    victim_down()
     kd.shutdown()
+
+
+def after_shutdown(victim):
+    import kerasdist as kd
+    kd.init()
+    import tensorflow as tf
+    kd.allreduce(tf.ones([8]), name="warm")
+    kd.shutdown()  # Every rank's, acknowledged by every rank.
     if victim:
-        time.sleep(3600)
+        fault()
 
 
 POINTS = {f.__name__: f for f in (before_init, in_init, negotiation, mid_ring,
-                                  coordinator_blocked, mid_fit, shutdown)}
+                                  coordinator_blocked, mid_fit, shutdown, after_shutdown)}
 
 
 def main():
