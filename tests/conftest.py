@@ -16,11 +16,30 @@ def mpiexec_path():
     return local if os.path.exists(local) else "mpiexec"
 
 
-def run_mpi(script, np, timeout=120, env=None, args=(), check=True):
+# What kerasdist's exit guard prints when it ends a process whose engine
+# failed earlier because exiting took longer than its bound.
+EXIT_GUARD_LINE = "did not finish within 5 s; ending the process with exit code 1."
+
+
+def exited_by_guard(returncode, out):
+    """Whether a non-zero status is only the exit guard's: every rank ran to
+    its end (no failure of the script's own), but exiting took over 5 s."""
+    return (returncode == 1 and EXIT_GUARD_LINE in out and "] FAILED" not in out
+            and "Traceback (most recent call last)" not in out)
+
+
+def run_mpi(script, np, timeout=120, env=None, args=(), check=True, guarded_exit=False):
     """Runs tests/mp/<script> on `np` ranks with a hard timeout.
 
     The whole process group is killed on timeout, so a hang is a failure and
     never blocks the suite. Returns the CompletedProcess (text output).
+
+    `guarded_exit`: the script makes the engine fail on purpose and then
+    exits normally. Once an engine failed, kerasdist ends a process that
+    takes more than 5 s to exit with status 1 (MPI_Finalize could wait on a
+    lost peer), and interpreter teardown with TensorFlow loaded takes that
+    long on a loaded machine, peers healthy or not. So status 1 with the
+    guard's line, and no failure of the script's own, passes the check too.
     """
     full_env = dict(os.environ)
     full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -44,7 +63,8 @@ def run_mpi(script, np, timeout=120, env=None, args=(), check=True):
         pytest.fail(f"{script} on {np} ranks timed out after {timeout} s "
                     f"(a hang). Output:\n{out[-6000:]}")
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-    if check and proc.returncode != 0:
+    if check and proc.returncode != 0 and not (
+            guarded_exit and exited_by_guard(proc.returncode, out)):
         pytest.fail(f"{script} on {np} ranks exited with {proc.returncode}. "
                     f"Output:\n{out[-8000:]}")
     return result

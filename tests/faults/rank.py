@@ -18,23 +18,35 @@ Points (the victim's side; survivors do the collective that needs it):
   dies.
 - negotiation: after `init()`; the others wait in an allreduce the victim
   never submits.
-- mid_ring: 1.4 x a measured 64 MiB allreduce into a loop of the same
-  allreduce (a timer thread fires while a ring runs).
+- mid_ring: inside a loop of 64 MiB allreduces, a quarter of the shortest
+  allreduce so far into one of them (a watcher thread faults only while
+  the main thread is inside a call that has run that long: never between
+  two rings, whatever the load does to their length).
 - coordinator_blocked (np=3, victim last): rank 0 and the victim exchange
   64 MiB alltoalls in a loop that leaves rank 1 out (its splits are 0),
   so rank 1 finishes each one at once and waits in the next one's
   negotiation while rank 0's engine is busy moving the bytes; the victim
-  freezes 1.4 x a measured alltoall into the loop. Rank 0 is then blocked
-  on the victim and sends rank 1 nothing: rank 1 must still name the
-  victim, not rank 0.
+  freezes inside one alltoall, as for mid_ring. Rank 0 is then blocked on
+  the victim and sends rank 1 nothing: rank 1 must still name the victim,
+  not rank 0.
 - mid_fit: at batch 20 of `fit` (tiny Keras model, DistributedOptimizer),
   the others inside their step's gradient allreduces.
-- shutdown: the others are inside `shutdown()`; the victim dies 2 ms into
-  its own `shutdown()`.
+- shutdown: the others call `shutdown()` once the victim is down (its
+  process stopped or gone), so it acknowledges none of theirs. Dying 2 ms
+  into its own `shutdown()` left that to chance: the victim's engine thread
+  acknowledges the others' shutdown as soon as it arrives, so the others
+  usually completed theirs and then waited in MPI_Finalize (the next point).
+- after_shutdown: every rank's `shutdown()` returned (each acknowledged
+  the others'); then the victim dies, while the others exit.
+
+Whether the survivors of a SIGSTOP really were inside the ring (and not
+negotiating the next collective) shows in their errors; the harness checks
+it (harness.landed) and runs the case again if the fault missed.
 
 Only the Keras point imports Keras; TensorFlow loads with `init()`.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -79,12 +91,37 @@ def fault(**info):
     time.sleep(3600)  # A stopped victim never gets here: it is killed.
 
 
-def fault_in(seconds, **info):
-    """Faults from a timer thread `seconds` from now, while the caller runs."""
-    timer = threading.Timer(seconds, fault, kwargs=info)
-    timer.daemon = True
-    timer.start()
-    return timer
+class FaultInside:
+    """Faults from a watcher thread `fraction` of the shortest call so far
+    into a call, and only while the main thread is still inside that call.
+
+    Wrap each collective of a loop in `with calls:`. A call that ends sooner
+    shortens the wait, so a loop that speeds up is still hit in a call.
+    """
+
+    def __init__(self, fraction, shortest, **info):
+        self.fraction, self.shortest, self.info = fraction, shortest, info
+        self.started = None  # monotonic start of the call in progress
+        self.calls = 0
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def __enter__(self):
+        self.started = time.monotonic()
+
+    def __exit__(self, *exc):
+        self.shortest = min(self.shortest, time.monotonic() - self.started)
+        self.started = None
+        self.calls += 1
+
+    def _watch(self):
+        while True:
+            started = self.started
+            if started is not None:
+                into = time.monotonic() - started
+                if into >= self.fraction * self.shortest and self.started == started:
+                    fault(into_call_s=round(into, 4), call=self.calls,
+                          shortest_s=round(self.shortest, 4), **self.info)
+            time.sleep(0.002)
 
 
 def survivors_marked(prefix):
@@ -139,17 +176,19 @@ def mid_ring(victim):
     kd.init()
     import tensorflow as tf
     x = tf.ones([BIG])
-    start = time.monotonic()
-    out = kd.allreduce(x, op=kd.Sum, name="big")
-    took = time.monotonic() - start
+    took = []
+    for _ in range(2):  # the first one also sets up buffers
+        start = time.monotonic()
+        out = kd.allreduce(x, op=kd.Sum, name="big")
+        took.append(time.monotonic() - start)
     assert float(out[0]) == SIZE and float(out[-1]) == SIZE, out[:4]
-    if victim:
-        # 1.4 x into a loop of rings: one run can be faster than the warm one,
-        # so a single ring might end before the timer and leave the survivors
-        # nothing to wait for; the loop keeps them inside a collective.
-        fault_in(1.4 * took, warm_allreduce_s=round(took, 4))
-    for _ in range(40):
-        kd.allreduce(x, op=kd.Sum, name="big")
+    # The survivors loop until their allreduce fails; the victim faults a
+    # quarter into one of its allreduces (FaultInside).
+    calls = FaultInside(0.25, min(took), warm_allreduce_s=round(min(took), 4)) \
+        if victim else contextlib.nullcontext()
+    for _ in range(200):
+        with calls:
+            kd.allreduce(x, op=kd.Sum, name="big")
     if victim:
         time.sleep(3600)
 
@@ -162,15 +201,18 @@ def coordinator_blocked(victim):
     rows = BIG // 2 if RANK != 1 else 0  # 32 MiB to each of ranks 0 and 2
     splits = [rows, 0, rows] if RANK != 1 else [0, 0, 0]
     x = tf.fill([2 * rows], float(RANK))
-    start = time.monotonic()
-    out, _ = kd.alltoall(x, splits=splits, name="a2a")
-    took = time.monotonic() - start
+    took = []
+    for _ in range(2):
+        start = time.monotonic()
+        out, _ = kd.alltoall(x, splits=splits, name="a2a")
+        took.append(time.monotonic() - start)
     if RANK != 1:
         assert out.shape[0] == 2 * rows and float(out[0]) == 0 and float(out[-1]) == 2, out
-    if victim:
-        fault_in(1.4 * took, warm_alltoall_s=round(took, 4))
-    for _ in range(40):
-        kd.alltoall(x, splits=splits, name="a2a")
+    calls = FaultInside(0.25, min(took), warm_alltoall_s=round(min(took), 4)) \
+        if victim else contextlib.nullcontext()
+    for _ in range(200):
+        with calls:
+            kd.alltoall(x, splits=splits, name="a2a")
     if victim:
         time.sleep(3600)
 
@@ -199,23 +241,50 @@ def mid_fit(victim):
     model.fit(x, y, batch_size=4, epochs=1000, verbose=0, callbacks=[Fault()])
 
 
+def victim_down():
+    """Waits (bounded) until the victim has faulted and is stopped or gone."""
+    wait_for(["fault", f"pid.{VICTIM}"])
+    with open(os.path.join(DIR, f"pid.{VICTIM}")) as f:
+        pid = json.load(f)["pid"]
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state in ("T", "Z", "X"):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {RANK}: the victim is still in state {state}")
+        time.sleep(0.01)
+
+
 def shutdown(victim):
     import kerasdist as kd
     kd.init()
     import tensorflow as tf
     kd.allreduce(tf.ones([8]), name="warm")
     if victim:
-        wait_for(survivors_marked("shutdown"))
-        time.sleep(0.3)
-        fault_in(0.002)
-    write(f"shutdown.{RANK}", {})
+        fault()
+    # Only once the victim is down: its engine thread acknowledges a
+    # shutdown() for it as long as it runs, even while its Python sleeps.
+    victim_down()
     kd.shutdown()
+
+
+def after_shutdown(victim):
+    import kerasdist as kd
+    kd.init()
+    import tensorflow as tf
+    kd.allreduce(tf.ones([8]), name="warm")
+    kd.shutdown()  # Every rank's, acknowledged by every rank.
     if victim:
-        time.sleep(3600)
+        fault()
 
 
 POINTS = {f.__name__: f for f in (before_init, in_init, negotiation, mid_ring,
-                                  coordinator_blocked, mid_fit, shutdown)}
+                                  coordinator_blocked, mid_fit, shutdown, after_shutdown)}
 
 
 def main():

@@ -11,6 +11,11 @@ KERASDIST_TIMEOUT_SECONDS=3):
   naming rank 0, within the liveness bound.
 - frozen_worker: the last rank stops before its allreduce; rank 0 (and the
   others) fail naming it.
+
+In the frozen cases the first survivor then kills the frozen rank so that
+the job ends, but only once every survivor has logged its error (a message
+over MPI): a rank killed by a signal makes mpiexec end the job at once, which
+could cut off a survivor that was a few milliseconds behind.
 """
 
 import os
@@ -20,6 +25,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from mpi4py import MPI
 
 import kerasdist as kd
 from _util import log, main
@@ -35,6 +41,25 @@ def expect_abort(fn, *needles):
         log(f"failed as expected after {time.monotonic() - start:.1f} s: {e.message}")
         return
     raise AssertionError("the collective returned")
+
+
+def end_frozen(pids, frozen):
+    """Once every survivor has logged its error, the first one kills `frozen`."""
+    comm = MPI.COMM_WORLD
+    survivors = [r for r in range(kd.size()) if r != frozen]
+    if kd.rank() != survivors[0]:
+        comm.send("logged", dest=survivors[0], tag=7301)
+        return
+    deadline = time.monotonic() + 30  # bounded: never hang on a lost survivor
+    for peer in survivors[1:]:
+        req = comm.irecv(source=peer, tag=7301)
+        while not req.test()[0]:
+            if time.monotonic() > deadline:
+                req.Cancel()
+                log(f"rank {peer} never said it logged its error")
+                break
+            time.sleep(0.01)
+    os.kill(pids[frozen], signal.SIGKILL)
 
 
 def run():
@@ -60,8 +85,7 @@ def run():
         else:
             expect_abort(lambda: kd.allreduce(tf.ones([8]), name="wait.root"),
                          "rank 0 (host", "has not answered")
-            if r == 1:
-                os.kill(pids[0], signal.SIGKILL)
+            end_frozen(pids, 0)
     elif case == "frozen_worker":
         last = size - 1
         if r == last:
@@ -69,8 +93,7 @@ def run():
         else:
             expect_abort(lambda: kd.allreduce(tf.ones([8]), name="wait.worker"),
                          f"rank {last} (host", "has not answered")
-            if r == 0:
-                os.kill(pids[last], signal.SIGKILL)
+            end_frozen(pids, last)
     else:
         raise ValueError(case)
 
