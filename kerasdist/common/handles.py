@@ -189,8 +189,14 @@ def allgather_bytes(data, name, process_set_id=0):
 
 
 def broadcast_bytes(data, root_rank, name, process_set_id=0):
-    """`root_rank`'s `data` (bytes; ignored elsewhere) on every rank."""
-    root = context.rank == root_rank
+    """`root_rank`'s `data` (bytes; ignored elsewhere) on every rank.
+
+    `root_rank` is a rank within the process set (the engine's numbering).
+    """
+    set_rank = context.rank
+    if process_set_id:
+        set_rank = context.process_sets[process_set_id].ranks.index(context.rank)
+    root = set_rank == root_rank
     length = np.array([len(data) if root else 0], dtype=np.int64)
     enqueue([request(BROADCAST, f"{name}.length", length, length,
                      process_set_id=process_set_id, root=root_rank)]).wait()

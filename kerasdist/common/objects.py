@@ -83,9 +83,10 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None
     """
     del session
     check_initialized()
-    name, set_id = _name("broadcast_object", name, process_set, "broadcast_object")
+    set_id, set_root = _sets.set_root(root_rank, process_set, "broadcast_object")
+    name, _ = _name("broadcast_object", name, process_set, "broadcast_object")
     root = context.rank == root_rank
-    data = handles.broadcast_bytes(cloudpickle.dumps(obj) if root else b"", root_rank, name,
+    data = handles.broadcast_bytes(cloudpickle.dumps(obj) if root else b"", set_root, name,
                                    set_id)
     return obj if root else cloudpickle.loads(data)
 

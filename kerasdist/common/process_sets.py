@@ -315,6 +315,20 @@ def resolve(process_set, what):
     return set_id, process_set.ranks
 
 
+def set_root(root_rank, process_set, what):
+    """(set id, the root's rank within the set) for a broadcast."""
+    set_id, ranks = resolve(process_set, what)
+    members = ranks if ranks is not None else range(context.size)
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or root_rank not in members:
+        expected = (f"one of the process set's ranks {ranks}" if ranks is not None
+                    else f"an integer in [0, {context.size})")
+        raise ValueError(
+            f"Invalid value for argument `root_rank`. Expected {expected}. "
+            f"Received: root_rank={root_rank!r}"
+        )
+    return set_id, (root_rank if ranks is None else ranks.index(root_rank))
+
+
 def rank_size(set_id):
     """This rank's rank and the size in set `set_id` (0: global)."""
     if set_id == 0:

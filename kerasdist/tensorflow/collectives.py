@@ -284,7 +284,7 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
     >>> kerasdist.broadcast_(model.trainable_variables, root_rank=0)
     """
     check_initialized()
-    set_id, root = ops.set_root(root_rank, process_set, "broadcast_")
+    set_id, root = _sets.set_root(root_rank, process_set, "broadcast_")
     originals = list(variables)
     resources = [_resource_variable(v) for v in originals]
     if not resources:

@@ -277,26 +277,12 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     """
     check_initialized()
     del ignore_name_scope
-    set_id, root = set_root(root_rank, process_set, "broadcast")
+    set_id, root = _sets.set_root(root_rank, process_set, "broadcast")
     tensor = as_tensor(tensor, "broadcast")
     return raw_ops().kerasdist_broadcast(
         tensor, root_rank=root, tensor_name=tensor_name("broadcast", name, set_id),
         process_set_id=set_id,
     )
-
-
-def set_root(root_rank, process_set, what):
-    """(set id, the root's rank within the set) for a broadcast."""
-    set_id, ranks = _sets.resolve(process_set, what)
-    members = ranks if ranks is not None else range(context.size)
-    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or root_rank not in members:
-        expected = (f"one of the process set's ranks {ranks}" if ranks is not None
-                    else f"an integer in [0, {context.size})")
-        raise ValueError(
-            f"Invalid value for argument `root_rank`. Expected {expected}. "
-            f"Received: root_rank={root_rank!r}"
-        )
-    return set_id, (root_rank if ranks is None else ranks.index(root_rank))
 
 
 def barrier(process_set=None, name=None):
