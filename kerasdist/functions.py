@@ -96,6 +96,7 @@ def broadcast_global_variables(root_rank):
             "execution, as in Horovod: there is no collection of global "
             "variables. Use `kerasdist.broadcast_variables(<model/optimizer "
             "variables>, root_rank)` instead.")
+    ops.set_root(root_rank, None, "broadcast_global_variables")  # also with no variables
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
