@@ -97,4 +97,5 @@ def broadcast_global_variables(root_rank):
             "execution, as in Horovod: there is no collection of global "
             "variables. Use `kerasdist.broadcast_variables(<model/optimizer "
             "variables>, root_rank)` instead.")
+    _sets.set_root(root_rank, None, "broadcast_global_variables")  # also with no variables
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)

@@ -54,6 +54,12 @@ def check_broadcast_global_variables(size, r):
         assert isinstance(op, tf.Operation), op
         sess.run(op)
         assert_values(sess.run(vs), size - 1)
+    with tf.compat.v1.Graph().as_default():
+        try:
+            kd.broadcast_global_variables(size)  # checked with no variables too
+            raise AssertionError("expected ValueError")
+        except ValueError as e:
+            assert "Invalid value for argument `root_rank`" in str(e), e
     try:
         kd.broadcast_global_variables(0)
         raise AssertionError("expected RuntimeError")
