@@ -146,7 +146,11 @@ class BuildOps(build_ext):
         # In-place and editable builds load the package from the source tree,
         # where the engine library must sit beside the op library.
         super().copy_extensions_to_source()
-        shutil.copy2(self._engine, os.path.join(HERE, "kerasdist", ENGINE_LIBRARY))
+        # A new file renamed into place: processes that have the old one
+        # mapped keep it intact.
+        target = os.path.join(HERE, "kerasdist", ENGINE_LIBRARY)
+        shutil.copy2(self._engine, target + ".tmp")
+        os.replace(target + ".tmp", target)
 
     def build_extensions(self):
         tf = _tensorflow()

@@ -80,9 +80,9 @@ Status Check(const kerasdist_request& r, int32_t i, const kerasdist_request& fir
   int64_t elements = 1;
   for (int32_t d = 0; d < r.ndim; ++d) elements *= r.shape[d];
   if (elements > 0 && !r.input) return Invalid("NULL input buffer in " + what);
-  const bool fixed = r.op == KERASDIST_ALLREDUCE || r.op == KERASDIST_BROADCAST ||
-                     r.op == KERASDIST_REDUCESCATTER;
-  if (fixed && elements > 0 && !r.output) return Invalid("NULL output buffer in " + what);
+  // A reducescatter's output holds only this rank's rows, which may be none.
+  const bool same_size = r.op == KERASDIST_ALLREDUCE || r.op == KERASDIST_BROADCAST;
+  if (same_size && elements > 0 && !r.output) return Invalid("NULL output buffer in " + what);
   if (grouped && (r.op != KERASDIST_ALLREDUCE || r.reduce_op != first.reduce_op ||
                   r.prescale != first.prescale || r.postscale != first.postscale))
     return Invalid("Every tensor of a grouped allreduce must be an allreduce with the same "
