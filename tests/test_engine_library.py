@@ -77,3 +77,15 @@ def test_a_c_api_version_mismatch_is_a_clear_import_error():
     assert out.returncode == 0, out.stderr[-3000:]
     assert "IMPORT ERROR:" in out.stdout and "C API version 1" in out.stdout, out.stdout
     assert "version 999" in out.stdout and "Rebuild it" in out.stdout, out.stdout
+
+
+def test_engine_header_needs_no_mpi_header():
+    # engine.h and the C API compile with a plain C++ compiler and no MPI
+    # include path: <mpi.h> stays inside the transports and the Context.
+    core = os.path.join(PACKAGE, "csrc", "core")
+    for header in ("engine/engine.h", "capi/kerasdist.h"):
+        out = subprocess.run(
+            ["g++", "-std=c++17", "-fsyntax-only", "-I", core, "-I",
+             os.path.join(PACKAGE, "csrc"), "-x", "c++", "-"],
+            input=f'#include "{header}"\n', capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, (header, out.stderr[-3000:])
