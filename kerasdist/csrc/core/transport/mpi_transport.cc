@@ -179,7 +179,7 @@ static bool WaitRequest(MPI_Request* req, int64_t timeout_ms) {
 // bounded window listens for theirs. The ranks not heard from are the ones
 // that never reached init() or stopped in it. Returns the text naming them.
 static std::string InitRollCall(MPI_Comm comm, int rank, int size) {
-  constexpr int kInitRollTag = 32107;  // runtime.py drops strays before MPI_Finalize
+  constexpr int kInitRollTag = 32107;  // common/basics.py drops strays before MPI_Finalize
   static char none[1];
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
