@@ -207,7 +207,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=["kerasdist", "kerasdist.callbacks", "kerasdist.common",
-              "kerasdist.tensorflow", "kerasdist._keras", "kerasdist.runner"],
+              "kerasdist.tensorflow", "kerasdist.torch", "kerasdist.torch.elastic",
+              "kerasdist._keras", "kerasdist.runner"],
     package_dir={"kerasdist": "kerasdist", "kerasdist.callbacks": "callbacks"},
     ext_modules=[
         Extension("kerasdist._kerasdist_tf", sources=TF_SOURCES, include_dirs=["kerasdist/csrc"],
@@ -216,6 +217,7 @@ setup(
     ],
     cmdclass={"build_ext": BuildOps},
     install_requires=["mpi4py>=4", "numpy", "cloudpickle"],
-    extras_require={"tfds": ["tensorflow-datasets", "importlib_resources"]},
+    extras_require={"tfds": ["tensorflow-datasets", "importlib_resources"],
+                    "torch": ["torch>=2.1"]},
     entry_points={"console_scripts": ["kerasdist-run=kerasdist.runner.cli:main"]},
 )

@@ -199,3 +199,23 @@ def test_keras_mnist_resume_after_crash(tmp_path):
     assert "starting at epoch 1" not in out
     printed_accuracy(out)
     assert os.listdir(backup) == []  # deleted once training completed
+
+
+def _digests(out):
+    return dict(re.findall(r"rank (\d+) weights digest: ([0-9a-f]+)", out))
+
+
+def test_pytorch_mnist_two_ranks_ends_with_identical_replicas():
+    _, out = run_example("pytorch_mnist.py", ["--epochs", "1", "--steps-per-epoch", "200"],
+                         tool="kerasdist-run")
+    assert "2 rank(s), 64 examples per rank per step" in out
+    digests = _digests(out)
+    assert sorted(digests) == ["0", "1"] and len(set(digests.values())) == 1, out[-3000:]
+    assert printed_accuracy(out) > 0.5
+
+
+def test_pytorch_mnist_fp16_allreduce():
+    _, out = run_example("pytorch_mnist.py", ["--epochs", "1", "--steps-per-epoch", "30",
+                                              "--fp16-allreduce"])
+    assert len(set(_digests(out).values())) == 1, out[-3000:]
+    assert printed_accuracy(out) > 0.2

@@ -11,6 +11,8 @@ Rank 0 or the last rank of a small job is killed (SIGKILL) or frozen
 - mid_ring: a quarter into one of a loop of 64 MiB ring allreduces (a
   watcher thread fires only while one is running);
 - mid_fit: step 20 of `fit` with a tiny model and DistributedOptimizer;
+- mid_backward: inside step 20's backward pass of a PyTorch model with
+  kerasdist.torch's DistributedOptimizer (some allreduces enqueued);
 - shutdown: the others call `shutdown()` with the victim down, so it
   acknowledges none of theirs;
 - after_shutdown (SIGSTOP, np=2): every `shutdown()` returned, then the
@@ -77,7 +79,8 @@ import harness  # noqa: E402
 from harness import Case  # noqa: E402
 
 BOUND_S = 20.0  # The issue's fault-to-exit requirement.
-POINTS = ("before_init", "in_init", "negotiation", "mid_ring", "mid_fit", "shutdown")
+POINTS = ("before_init", "in_init", "negotiation", "mid_ring", "mid_fit", "mid_backward",
+          "shutdown")
 NP3_POINTS = ("negotiation", "mid_ring")
 
 _AFTER_SHUTDOWN = (

@@ -4,6 +4,8 @@ folder imports only the layers below it.
 
     kerasdist/common/      framework-neutral runtime: imports only common/
     kerasdist/tensorflow/  the TensorFlow binding: common/ and itself
+    kerasdist/torch/       the PyTorch binding: common/ and itself, and no
+                           other framework (TensorFlow, Keras, JAX)
     kerasdist/_keras/      the Keras layer: common/, tensorflow/, itself
     public modules         kerasdist.keras, .data, .elastic, ._dispatch and callbacks/:
                            any of the above, and each other
@@ -131,7 +133,7 @@ def _layer(module):
     if module == "kerasdist":
         return "package"
     part = module.split(".")[1]
-    if part in ("common", "tensorflow", "_keras", "runner", "callbacks"):
+    if part in ("common", "tensorflow", "torch", "_keras", "runner", "callbacks"):
         return part
     if module in GENERATED:
         return "generated"
@@ -141,6 +143,7 @@ def _layer(module):
 ALLOWED = {
     "common": {"common", "generated"},
     "tensorflow": {"common", "tensorflow", "generated"},
+    "torch": {"common", "torch", "generated"},
     "_keras": {"common", "tensorflow", "_keras", "generated"},
     "public": {"common", "tensorflow", "_keras", "public", "callbacks", "package",
                "generated"},
@@ -208,7 +211,7 @@ def _example_cycle(graph, component):
 
 
 def test_the_layout_is_as_documented():
-    for folder in ("common", "tensorflow", "_keras", "runner"):
+    for folder in ("common", "tensorflow", "torch", "_keras", "runner"):
         assert f"kerasdist.{folder}" in MODULES, f"kerasdist/{folder}/ is missing"
     for public in ("kerasdist.keras", "kerasdist.data", "kerasdist.elastic",
                    "kerasdist.callbacks", "kerasdist.runner.cli"):
@@ -236,6 +239,13 @@ def test_each_layer_imports_only_the_layers_below_it():
                 continue  # `kerasdist-run --check-build` (see the docstring)
             wrong.append(f"{i} ({layer} may import {sorted(ALLOWED[layer])})")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_torch_binding_imports_no_other_framework():
+    other = sorted(str(i) for imports in IMPORTS.values() for i in imports
+                   if _layer(i.importer) == "torch"
+                   and i.target.split(".")[0] in FRAMEWORKS - {"torch"})
+    assert not other, other
 
 
 def test_common_imports_no_framework():

@@ -40,6 +40,10 @@ class Context:
         self.stray_messages = False
         self.process_sets = {}  # id -> ProcessSet (kerasdist.common.process_sets)
         self.next_process_set_id = 1
+        # The asynchronous collectives of the bindings that hand out
+        # Horovod-style integer handles (kerasdist.torch): handle -> entry.
+        self.pending = {}
+        self.next_handle = 0
 
     # Unnamed eager collectives cycle through this many names. TensorFlow
     # keeps one eager kernel per distinct `tensor_name` attribute (about
@@ -48,12 +52,16 @@ class Context:
     # name comes round again its previous use has finished everywhere.
     NONAME_POOL = 64
 
-    def next_name(self, kind):
+    def next_name(self, kind, pooled=True):
         """A name for an unnamed eager collective; equal across ranks that
-        issue the same sequence of calls."""
+        issue the same sequence of calls.
+
+        `pooled=False` never repeats a name, for bindings whose unnamed
+        collectives may be many in flight at once (asynchronous handles).
+        """
         n = self.name_counters.get(kind, 0)
         self.name_counters[kind] = n + 1
-        return f"{kind}.noname.{n % self.NONAME_POOL}"
+        return f"{kind}.noname.{n % self.NONAME_POOL if pooled else n}"
 
 
 context = Context()

@@ -13,11 +13,14 @@ import numpy as np
 
 from kerasdist.common import library
 from kerasdist.common.context import check_initialized, context
+from kerasdist.common.exceptions import HorovodInternalError
 
 # The C API's codes (csrc/capi/kerasdist.h).
 ALLREDUCE, ALLGATHER, BROADCAST, BARRIER, JOIN, REDUCESCATTER, ALLTOALL = range(7)
 OK, INVALID_ARGUMENT, MISMATCH, TIMEOUT, ABORTED, SHUTDOWN, INTERNAL, PRECONDITION = range(8)
 PENDING = -1
+# The engine recognizes a join by its op; every binding uses this one name.
+JOIN_NAME = "__kerasdist_join__"
 
 _DTYPES = {
     np.dtype(np.float16): 0, np.dtype(np.float32): 2, np.dtype(np.float64): 3,
@@ -41,8 +44,10 @@ def dtype_code(dtype):
             f"uint8, uint16, bool. Received: dtype={dtype}") from None
 
 
-class CollectiveError(RuntimeError):
-    """A collective failed; `code` is the C API's status code."""
+class CollectiveError(HorovodInternalError):
+    """A collective failed at run time; `code` is the C API's status code
+    (`MISMATCH`, `TIMEOUT`, `ABORTED`, `SHUTDOWN`, `INTERNAL`,
+    `PRECONDITION`)."""
 
     def __init__(self, code, message):
         super().__init__(message)
@@ -111,8 +116,10 @@ class Handle:
         return out
 
     def received_splits(self, index=0):
-        out = (ctypes.c_int32 * 4096)()
-        n = context.lib.kerasdist_handle_received_splits(self._ptr, index, out, 4096)
+        """An alltoall's rows received from each rank of its process set."""
+        capacity = max(context.size or 1, 1)  # a process set is at most the job
+        out = (ctypes.c_int32 * capacity)()
+        n = context.lib.kerasdist_handle_received_splits(self._ptr, index, out, capacity)
         return list(out[:max(n, 0)])
 
     def join_result(self):
@@ -130,6 +137,40 @@ def request(op, name, array=None, output=None, process_set_id=0, reduce_op=1, ro
 
     Returns the struct and the objects that must stay alive with it.
     """
+    if array is None:
+        r, keep = raw_request(op, name, process_set_id=process_set_id, reduce_op=reduce_op,
+                              root=root, prescale=prescale, postscale=postscale,
+                              splits=splits)
+    else:
+        r, keep = raw_request(
+            op, name, dtype_code(array.dtype), array.shape, array.ctypes.data,
+            None if output is None else output.ctypes.data, process_set_id=process_set_id,
+            reduce_op=reduce_op, root=root, prescale=prescale, postscale=postscale,
+            splits=splits)
+        keep.append(array)
+    if output is not None:
+        keep.append(output)
+    return r, keep
+
+
+def raw_request(op, name, dtype=0, shape=(), input_ptr=None, output_ptr=None,
+                process_set_id=0, reduce_op=1, root=0, prescale=1.0, postscale=1.0,
+                splits=None):
+    """A `kerasdist_request` for buffers given by address.
+
+    Args:
+        op: The C API's op code (`ALLREDUCE`, ...).
+        name: The collective's name (str or bytes), equal on every rank.
+        dtype: The C API's dtype code (`dtype_code()`).
+        shape: The tensor's shape (a scalar is `()`).
+        input_ptr, output_ptr: The buffers' addresses (ints), or `None`. The
+            caller keeps the buffers alive until the handle completes.
+        process_set_id, reduce_op, root, prescale, postscale, splits: As in
+            the C API's `kerasdist_request`.
+
+    Returns:
+        The struct and the ctypes objects that must stay alive with it.
+    """
     r = library.Request()
     r.struct_size = ctypes.sizeof(library.Request)
     r.op = op
@@ -139,16 +180,15 @@ def request(op, name, array=None, output=None, process_set_id=0, reduce_op=1, ro
     r.prescale, r.postscale = prescale, postscale
     r.root = root
     keep = [r.name]
-    if array is not None:
-        shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
-        r.dtype = dtype_code(array.dtype)
-        r.ndim = array.ndim
-        r.shape = shape
-        r.input = array.ctypes.data_as(ctypes.c_void_p)
-        keep += [shape, array]
-    if output is not None:
-        r.output = output.ctypes.data_as(ctypes.c_void_p)
-        keep.append(output)
+    if input_ptr is not None or output_ptr is not None or shape:
+        dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        r.dtype = dtype
+        r.ndim = len(shape)
+        r.shape = dims
+        r.input = ctypes.c_void_p(input_ptr or None)
+        keep.append(dims)
+    if output_ptr is not None:
+        r.output = ctypes.c_void_p(output_ptr or None)
     if splits is not None:
         s = (ctypes.c_int64 * max(len(splits), 1))(*splits)
         r.nsplits, r.splits = len(splits), s

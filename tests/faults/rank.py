@@ -31,6 +31,9 @@ Points (the victim's side; survivors do the collective that needs it):
   not rank 0.
 - mid_fit: at batch 20 of `fit` (tiny Keras model, DistributedOptimizer),
   the others inside their step's gradient allreduces.
+- mid_backward: inside step 20's backward pass of a PyTorch model with
+  `kerasdist.torch.DistributedOptimizer`, some of its gradients' allreduces
+  already enqueued; the others wait in `optimizer.step()`.
 - shutdown: the others call `shutdown()` once the victim is down (its
   process stopped or gone), so it acknowledges none of theirs. Dying 2 ms
   into its own `shutdown()` left that to chance: the victim's engine thread
@@ -43,7 +46,8 @@ Whether the survivors of a SIGSTOP really were inside the ring (and not
 negotiating the next collective) shows in their errors; the harness checks
 it (harness.landed) and runs the case again if the fault missed.
 
-Only the Keras point imports Keras; TensorFlow loads with `init()`.
+Only the Keras point imports Keras and only mid_backward PyTorch;
+TensorFlow loads with `init()`.
 """
 
 import contextlib
@@ -241,6 +245,32 @@ def mid_fit(victim):
     model.fit(x, y, batch_size=4, epochs=1000, verbose=0, callbacks=[Fault()])
 
 
+def mid_backward(victim):
+    """PyTorch: the victim faults inside step 20's backward pass, from a
+    gradient hook, after the later layers' allreduces have started; the
+    others wait in `optimizer.step()` for the gradients' allreduces."""
+    import torch
+
+    import kerasdist.torch as hvd
+    hvd.init()
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    steps = [0]
+    if victim:  # the first layer's gradient is among the last to be ready
+        model[0].weight.register_post_accumulate_grad_hook(
+            lambda p: fault(step=steps[0]) if steps[0] == 20 else None)
+    x = torch.rand(64, 8, generator=torch.Generator().manual_seed(RANK))
+    y = x.sum(1, keepdim=True)
+    for steps[0] in range(1000):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
 def victim_down():
     """Waits (bounded) until the victim has faulted and is stopped or gone."""
     wait_for(["fault", f"pid.{VICTIM}"])
@@ -284,7 +314,8 @@ def after_shutdown(victim):
 
 
 POINTS = {f.__name__: f for f in (before_init, in_init, negotiation, mid_ring,
-                                  coordinator_blocked, mid_fit, shutdown, after_shutdown)}
+                                  coordinator_blocked, mid_fit, mid_backward, shutdown,
+                                  after_shutdown)}
 
 
 def main():
