@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Interleaved before/after runs for the engine-library change (issue 31):
 # BEFORE and AFTER are two built trees (PYTHONPATH roots); each round runs
-# benchmarks/allreduce.py at np=2 for both, in alternating order, then np=3
-# and the model-level benchmark (mnist: kd np=2 and the two-process ceiling).
+# benchmarks/allreduce.py at np=2 and np=3 for both, in alternating order,
+# then the model-level benchmark (mnist: kd np=2 and the two-process
+# ceiling), also in alternating order per round.
 # Writes JSON and logs to benchmarks/results/ab_engine_library/.
 #   bash benchmarks/ab_engine_library.sh /path/before /path/after [rounds]
 set -euo pipefail
@@ -19,20 +20,21 @@ run() {  # tag root np round
 }
 for r in $(seq 1 "$ROUNDS"); do
   if (( r % 2 )); then order="before after"; else order="after before"; fi
-  for tag in $order; do
-    root=$([ "$tag" = before ] && echo "$BEFORE" || echo "$AFTER")
-    run "$tag" "$root" 2 "$r"
+  for np in 2 3; do
+    for tag in $order; do
+      root=$([ "$tag" = before ] && echo "$BEFORE" || echo "$AFTER")
+      run "$tag" "$root" "$np" "$r"
+    done
   done
 done
-for tag in before after; do
-  root=$([ "$tag" = before ] && echo "$BEFORE" || echo "$AFTER")
-  run "$tag" "$root" 3 1
-done
-for tag in after before; do
-  root=$([ "$tag" = before ] && echo "$BEFORE" || echo "$AFTER")
-  PYTHONPATH=$root TF_CPP_MIN_LOG_LEVEL=2 timeout 1200 python "$AFTER/benchmarks/keras_synthetic.py" \
-    --models mnist --configs kd_np2_t1 keras_2x_t1 --steps 100 \
-    --json "$OUT/keras_mnist_${tag}.json" --png "$OUT/keras_mnist_${tag}.png" \
-    > "$OUT/keras_mnist_${tag}.log" 2>&1 || echo "keras_synthetic $tag failed" >&2
+for r in $(seq 1 "$ROUNDS"); do
+  if (( r % 2 )); then order="after before"; else order="before after"; fi
+  for tag in $order; do
+    root=$([ "$tag" = before ] && echo "$BEFORE" || echo "$AFTER")
+    PYTHONPATH=$root TF_CPP_MIN_LOG_LEVEL=2 timeout 1200 python "$AFTER/benchmarks/keras_synthetic.py" \
+      --models mnist --configs kd_np2_t1 keras_2x_t1 --steps 100 \
+      --json "$OUT/keras_mnist_${tag}_r${r}.json" --png "$OUT/keras_mnist_${tag}_r${r}.png" \
+      > "$OUT/keras_mnist_${tag}_r${r}.log" 2>&1 || echo "keras_synthetic $tag failed" >&2
+  done
 done
 echo done

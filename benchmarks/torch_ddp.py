@@ -1,7 +1,7 @@
 """PyTorch benchmark: kerasdist.torch against DDP over gloo and MPICH.
 
-    python benchmarks/torch_ddp.py [--np 2] [--hosts H1:2,H2:2 --gloo-addr A]
-        [--sizes 4K 64K 1M 16M 64M] [--models cnn mlp resnet] [--steps 60]
+    python benchmarks/torch_ddp.py [--np 2] [--cluster 2x2 [--rate 10gbit]]
+        [--sizes 4K 64K 1M 16M 64M] [--models mnist mlp resnet] [--steps 60]
         [--json PATH] [--png PATH] [--quick]
 
 Two levels, every configuration of a layout in one run:
@@ -16,8 +16,11 @@ Two levels, every configuration of a layout in one run:
   kerasdist.torch's DistributedOptimizer and DDP over gloo at np=N, and
   plain PyTorch in one process with every core.
 
-It prints the tables, writes JSON and, with --png, a plot. gloo listens on
---gloo-addr (127.0.0.1 by default; a namespaced host's address for --hosts).
+It prints the tables, writes JSON and, with --png, a plot. `--cluster 2x2`
+(as root) runs the np=4 jobs on 2 namespaced test hosts of 2 ranks each
+(tests/hosts.py), their links shaped with `--rate`; gloo then listens on
+the first host's namespaced address, otherwise on 127.0.0.1. Plain PyTorch
+runs on this machine, outside the namespaces.
 """
 
 import argparse
@@ -93,27 +96,37 @@ def collectives_worker(args):
             json.dump(results, f)
 
 
-def launcher(np_, hosts):
-    bin_dir = os.path.dirname(sys.executable)
-    if hosts:
-        return [os.path.join(bin_dir, "kerasdist-run"), "-np", str(np_), "-H", hosts]
-    return [os.path.join(bin_dir, "mpiexec"), "-n", str(np_)]
+class Runner:
+    """Runs a job on `np` ranks: under this machine's mpiexec, or across
+    the namespaced hosts of `cluster` (tests/hosts.Cluster)."""
 
+    def __init__(self, np_, cluster=None, slots=None):
+        self.np, self.cluster, self.slots = np_, cluster, slots
 
-def run(cmd, env, timeout):
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    def __call__(self, argv, env, timeout, ranks=True):
+        if self.cluster is not None and ranks:
+            extra = {k: v for k, v in env.items() if k.startswith(("BENCH_", "PYTHON"))}
+            result = self.cluster.mpirun(argv, self.slots, timeout=timeout, env=extra,
+                                         cwd=os.path.dirname(HERE))
+            self.cluster.kill_jobs()
+            if not result.ok:
+                raise RuntimeError(result.describe())
+            return
+        cmd = ([os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(self.np)]
+               if ranks else []) + argv
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                               f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
 def bench_collectives(args, env, tmp):
     out = os.path.join(tmp, "collectives.json")
-    cmd = launcher(args.np, args.hosts) + [
+    cmd = [
         sys.executable, os.path.abspath(__file__), "--worker", "--out", out,
         "--gloo-init", f"tcp://{args.gloo_addr}:{args.port}", "--blocks", str(args.blocks),
         "--sizes", *map(str, args.sizes)]
-    run(cmd, env, 1800)
+    args.runner(cmd, env, 1800)
     with open(out) as f:
         return json.load(f)
 
@@ -126,11 +139,10 @@ def bench_models(args, env, tmp):
             out = os.path.join(tmp, f"{model}.{config}.json")
             script = [sys.executable, os.path.join(HERE, "_torch_models.py"), config, model,
                       str(args.steps), str(args.batch), out]
-            cmd = script if config == "plain" else launcher(args.np, args.hosts) + script
             cenv = dict(env, BENCH_GLOO_ADDR=f"tcp://{args.gloo_addr}:{args.port + 1}")
             if config == "plain":
                 cenv["BENCH_THREADS"] = str(os.cpu_count())
-            run(cmd, cenv, 1800)
+            args.runner(script, cenv, 1800, ranks=config != "plain")
             with open(out) as f:
                 row[config] = json.load(f)["samples_per_s"]
         rows.append(row)
@@ -144,8 +156,8 @@ def busbw(nbytes, seconds, n):
 
 def report(args, coll, models):
     n = args.np
-    print(f"\nAllreduce (float32 sum, in place), np={n}"
-          f"{' hosts ' + args.hosts if args.hosts else ''}: time (us) and bus GB/s")
+    print(f"\nAllreduce (float32 sum, in place), np={n} {args.layout}: time (us) and "
+          "bus GB/s")
     print("| size | kerasdist us | gloo us | MPICH us | memcpy us | kd GB/s | gloo GB/s "
           "| MPICH GB/s | kd/gloo speed | kd/MPICH speed |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -195,11 +207,12 @@ def plot(path, args, coll, models):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--np", type=int, default=2)
-    p.add_argument("--hosts", default=None, help="kerasdist-run -H (default: one host)")
-    p.add_argument("--gloo-addr", default="127.0.0.1")
+    p.add_argument("--cluster", default=None, choices=["2x2"],
+                   help="namespaced test hosts (root); default: this machine")
+    p.add_argument("--rate", default=None, help="link shaping with --cluster, e.g. 10gbit")
     p.add_argument("--port", type=int, default=29511)
     p.add_argument("--sizes", nargs="+", default=None)
-    p.add_argument("--models", nargs="*", default=["cnn", "mlp", "resnet"])
+    p.add_argument("--models", nargs="*", default=["mnist", "mlp", "resnet"])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--blocks", type=int, default=3)
@@ -219,12 +232,26 @@ def main():
         args.models = args.models[:1]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     started = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        coll = bench_collectives(args, env, tmp)
-        models = bench_models(args, env, tmp) if args.models else []
+    cluster = None
+    args.gloo_addr, args.layout = "127.0.0.1", "one host"
+    if args.cluster:
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+        import hosts
+
+        cluster = hosts.Cluster(2, rate=args.rate)
+        args.np, args.gloo_addr = 4, cluster.hosts[0].address
+        args.layout = f"2x2 hosts, links {args.rate or 'unshaped'}"
+    args.runner = Runner(args.np, cluster, [2, 2])
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            coll = bench_collectives(args, env, tmp)
+            models = bench_models(args, env, tmp) if args.models else []
+    finally:
+        if cluster is not None:
+            cluster.close()
     report(args, coll, models)
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "np": args.np, "hosts": args.hosts, "batch": args.batch, "steps": args.steps,
+              "np": args.np, "layout": args.layout, "batch": args.batch, "steps": args.steps,
               "seconds": round(time.time() - started, 1), "collectives": coll,
               "models": models}
     if args.json:

@@ -9,6 +9,7 @@ diverge nor wait on each other.
 """
 
 import contextlib
+import os
 import warnings
 
 import torch
@@ -31,6 +32,44 @@ def _split(items, n):
         out.append(tuple(items[start:end]))
         start = end
     return out
+
+
+_DEFAULT_BUCKET_BYTES = 4 << 20
+
+
+def _bucket_bytes():
+    raw = os.environ.get("KERASDIST_TORCH_BUCKET_BYTES", "").strip()
+    if not raw:
+        return _DEFAULT_BUCKET_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError("Invalid value for environment variable KERASDIST_TORCH_BUCKET_BYTES. "
+                         f"Expected an integer >= 0. Received: {raw!r}")
+    return value
+
+
+def _buckets(params, cap):
+    """Consecutive parameters, last first (about the order in which the
+    backward pass finishes their gradients), in buckets of up to `cap`
+    bytes; each bucket is reduced as one grouped allreduce once all its
+    gradients are ready. The same on every rank that builds the same model.
+    `cap` 0: one allreduce per parameter."""
+    if cap <= 0:
+        return [(p,) for p in params]
+    units, current, size = [], [], 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if current and size + nbytes > cap:
+            units.append(tuple(current))
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+    if current:
+        units.append(tuple(current))
+    return units
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -94,7 +133,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @staticmethod
     def _make_units(params, groups):
         if groups is None:
-            return [(p,) for p in params]
+            return _buckets(params, _bucket_bytes())
         if isinstance(groups, int) and not isinstance(groups, bool):
             if groups < 1:
                 raise ValueError("`groups` (or `num_groups`) must be a positive integer or a "
@@ -249,7 +288,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        if self._handles:
+        if self._handles or any(self._ready.values()):
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited: the "
@@ -291,7 +330,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         groups: An integer (split the parameters into that many groups) or
             a list of lists of parameters; each group is reduced as one
             grouped allreduce once all its gradients are ready. Defaults to
-            `None` (one allreduce per parameter, fused by the engine).
+            `None`: buckets of consecutive parameters of up to 4 MiB
+            (`KERASDIST_TORCH_BUCKET_BYTES`; 0 for one allreduce per
+            parameter), filled from the last parameter, as DDP does, so that
+            the backward pass starts few, large allreduces.
         sparse_as_dense: Reduce sparse gradients as dense tensors.
             Defaults to False (allgather indices and values).
         process_set: The `ProcessSet` to reduce over. Defaults to

@@ -5,6 +5,7 @@ process training on the whole batch (float64, so that the sums agree to
 rounding), and the replicas must be bit-identical. Prints "<name> passed".
 """
 
+import os
 import warnings
 
 import numpy as np
@@ -91,6 +92,14 @@ def check_matches_one_process():
         model, _ = train(4, fn)
         close(model, reference(4, fn), name)
         identical_replicas(model, name)
+    for cap in ("0", "1000"):  # one allreduce per parameter; several small buckets
+        os.environ["KERASDIST_TORCH_BUCKET_BYTES"] = cap
+        try:
+            model, _ = train(3, sgd)
+        finally:
+            del os.environ["KERASDIST_TORCH_BUCKET_BYTES"]
+        close(model, reference(3, sgd), f"buckets of {cap} bytes")
+        identical_replicas(model, f"buckets {cap}")
     model, _ = train(3, sgd, groups=2)
     close(model, reference(3, sgd), "groups=2")
     with warnings.catch_warnings():

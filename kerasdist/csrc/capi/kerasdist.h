@@ -141,7 +141,8 @@ typedef struct kerasdist_request {
   int32_t reduce_op;
   double prescale;
   double postscale;
-  int32_t root; /* broadcast: the rank (of the whole job) whose data wins */
+  int32_t root; /* broadcast: the rank whose data wins, numbered within the
+                 * process set (for set 0, the rank in the job) */
   /* alltoall: rows sent to each rank (nsplits == size), or 0 to split the
    * first dimension evenly. */
   int32_t nsplits;
