@@ -78,13 +78,28 @@ class _Pending:
     """An entry of the handle table: the engine's handle, what must stay
     alive until it completes, and `finish(handle)` giving the result."""
 
-    __slots__ = ("handle", "keep", "finish")
+    __slots__ = ("handle", "keep", "finish", "names", "own_fault")
 
-    def __init__(self, handle, keep, finish):
-        self.handle, self.keep, self.finish = handle, keep, finish
+    def __init__(self, handle, keep, finish, names, own_fault=None):
+        self.handle, self.keep, self.finish, self.names = handle, keep, finish, names
+        self.own_fault = own_fault
 
 
-def submit(requests, keep, finish, group_name=None):
+def _check_names(names):
+    """Raises ValueError, before anything is enqueued, if a collective of
+    one of `names` is still running on this rank (Horovod raises at once
+    too; the engine alone would fail the new one when it sees it)."""
+    running = {n for entry in context.pending.values() if not entry.handle.poll()
+               for n in entry.names}
+    reused = sorted(set(names) & running)
+    if reused:
+        raise ValueError(
+            f"A collective named {reused[0]!r} is already in flight on this rank. Names "
+            "of concurrent collectives must be unique: synchronize the first one, or "
+            "give another name.")
+
+
+def submit(requests, keep, finish, group_name=None, own_fault=None):
     """Enqueues `requests` (from `request()`) as one batch; returns its
     integer handle.
 
@@ -92,16 +107,20 @@ def submit(requests, keep, finish, group_name=None):
     `finish(handle)`: returns the batch's result once it succeeded.
 
     Errors the C API finds before enqueueing (this rank's bad input) raise
-    here, at once, as `ValueError`.
+    here, at once, as `ValueError`. `own_fault`: a message when this rank's
+    input is invalid in a way only the negotiation detects (alltoall
+    splits); every rank then fails, and this one with `ValueError`.
     """
     check_initialized()
+    names = [group_name] if group_name else [r.name.decode() for r, _ in requests if r.name]
+    _check_names(names)
     handle = _handles.enqueue(requests, group_name=group_name)
     if handle.poll():
         code = context.lib.kerasdist_handle_status(handle._ptr, None, 0)
         if code == _handles.INVALID_ARGUMENT:
             handle.wait()  # raises ValueError with the C API's message
     context.next_handle += 1
-    context.pending[context.next_handle] = _Pending(handle, keep, finish)
+    context.pending[context.next_handle] = _Pending(handle, keep, finish, names, own_fault)
     return context.next_handle
 
 
@@ -146,6 +165,10 @@ def synchronize(handle):
     entry = _entry(handle, "synchronize")
     try:
         entry.handle.wait()
+    except _handles.CollectiveError as e:
+        if entry.own_fault:
+            raise ValueError(f"{entry.own_fault} ({e})") from None
+        raise
     finally:
         context.pending.pop(handle, None)
     return entry.finish(entry.handle)

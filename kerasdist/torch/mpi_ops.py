@@ -240,6 +240,10 @@ def _splits_list(splits):
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dim() != 1:
+            raise ValueError("Invalid value for argument `splits` of `alltoall`. Expected a "
+                             f"1-D tensor of integers. Received: {splits.dtype} of shape "
+                             f"{tuple(splits.shape)}")
         splits = splits.tolist()
     try:
         return [int(s) for s in splits]
@@ -268,15 +272,27 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     set_id, _ = _sets.resolve(process_set, what)
     code, src = _prepare(tensor, what)
     name = _name("alltoall", name, set_id)
+    split_list = _splits_list(splits)
     req = _th.request(_h.ALLTOALL, name, src, code=code, process_set_id=set_id,
-                      splits=_splits_list(splits))
+                      splits=split_list)
+    set_size = _sets.rank_size(set_id)[1]
+    rows = src.shape[0] if src.dim() else 0
+    own_fault = None
+    if split_list is None and rows % set_size:
+        own_fault = (f"`alltoall` without `splits` needs a first dimension divisible by the "
+                     f"process set's size ({set_size}). Received: {rows} rows")
+    elif split_list is not None and (len(split_list) != set_size or min(split_list) < 0
+                                     or sum(split_list) != rows):
+        own_fault = (f"Invalid `splits` for `alltoall`: expected {set_size} non-negative "
+                     f"counts that sum to the first dimension ({rows}). "
+                     f"Received: splits={split_list}")
 
     def finish(handle):
         output = _th.held_output(handle, 0, tensor)
         received = torch.tensor(handle.received_splits(0), dtype=torch.int32)
         return output, received
 
-    return _th.submit([req], [src], finish)
+    return _th.submit([req], [src], finish, own_fault=own_fault)
 
 
 def _check_scatter_op(op, what):

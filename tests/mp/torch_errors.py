@@ -45,6 +45,12 @@ def check_mismatches_fail_on_every_rank():
     expect(hvd.HorovodInternalError,
            lambda: hvd.allgather(torch.ones(2, 3 + (r == last)), name="mix.ag"), "mix.ag")
     still_works("allgather")
+    # Bad splits (here on one rank): every rank fails; that one with ValueError.
+    splits = [5] * n if r == last else [1] * n
+    expect(ValueError if r == last else hvd.HorovodInternalError,
+           lambda: hvd.alltoall(torch.ones(n), splits=splits, name="bad.splits"), "bad.splits")
+    still_works("splits")
+    expect(ValueError, lambda: hvd.alltoall(torch.ones(n), splits=torch.ones(n)), "integers")
     log("check_mismatches_fail_on_every_rank passed")
 
 
@@ -73,8 +79,8 @@ def check_name_reused_in_flight():
     comm, r, last = MPI.COMM_WORLD, hvd.rank(), hvd.size() - 1
     if r != last:
         h1 = hvd.allreduce_async(torch.ones(2), name="twice", op=hvd.Sum)
-        reused = expect((ValueError, hvd.HorovodInternalError), lambda: hvd.synchronize(
-            hvd.allreduce_async(torch.ones(2), name="twice")), "'twice' is already in flight")
+        reused = expect(ValueError, lambda: hvd.allreduce_async(torch.ones(2), name="twice"),
+                        "'twice' is already in flight")
         log("reused:", reused)
         comm.send("tried", dest=last, tag=11)
     else:
