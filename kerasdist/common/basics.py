@@ -227,6 +227,7 @@ def init(comm=None, process_sets=None):
     ctx.config = config
     ctx.name_counters = {}
     ctx.pending = {}  # handles of an earlier init() are void, as in Horovod
+    ctx.pending_names = {}
     ctx.initialized = True
     bindings.after_init(ctx)  # e.g. TensorFlow's thread pools
     if isinstance(process_sets, (list, tuple)) and process_sets:

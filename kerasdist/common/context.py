@@ -43,6 +43,7 @@ class Context:
         # The asynchronous collectives of the bindings that hand out
         # Horovod-style integer handles (kerasdist.torch): handle -> entry.
         self.pending = {}
+        self.pending_names = {}  # name -> the last handle given that name
         self.next_handle = 0
 
     # Unnamed eager collectives cycle through this many names. TensorFlow

@@ -88,15 +88,25 @@ class _Pending:
 def _check_names(names):
     """Raises ValueError, before anything is enqueued, if a collective of
     one of `names` is still running on this rank (Horovod raises at once
-    too; the engine alone would fail the new one when it sees it)."""
-    running = {n for entry in context.pending.values() if not entry.handle.poll()
-               for n in entry.names}
-    reused = sorted(set(names) & running)
-    if reused:
-        raise ValueError(
-            f"A collective named {reused[0]!r} is already in flight on this rank. Names "
-            "of concurrent collectives must be unique: synchronize the first one, or "
-            "give another name.")
+    too; the engine alone would fail the new one when it sees it). Looks
+    up each name's last handle only, so many pending handles cost
+    nothing."""
+    for name in names:
+        entry = context.pending.get(context.pending_names.get(name))
+        if entry is not None and name in entry.names and not entry.handle.poll():
+            raise ValueError(
+                f"A collective named {name!r} is already in flight on this rank. Names "
+                "of concurrent collectives must be unique: synchronize the first one, or "
+                "give another name.")
+
+
+def discard(handle):
+    """Forgets `handle` (its collective has completed or failed)."""
+    entry = context.pending.pop(handle, None)
+    if entry is not None:
+        for name in entry.names:
+            if context.pending_names.get(name) == handle:
+                del context.pending_names[name]
 
 
 def submit(requests, keep, finish, group_name=None, own_fault=None):
@@ -121,6 +131,8 @@ def submit(requests, keep, finish, group_name=None, own_fault=None):
             handle.wait()  # raises ValueError with the C API's message
     context.next_handle += 1
     context.pending[context.next_handle] = _Pending(handle, keep, finish, names, own_fault)
+    for name in names:
+        context.pending_names[name] = context.next_handle
     return context.next_handle
 
 
@@ -170,7 +182,7 @@ def synchronize(handle):
             raise ValueError(f"{entry.own_fault} ({e})") from None
         raise
     finally:
-        context.pending.pop(handle, None)
+        discard(handle)
     return entry.finish(entry.handle)
 
 

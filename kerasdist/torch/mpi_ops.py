@@ -296,6 +296,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 
 def _check_scatter_op(op, what):
+    if op == Adasum and not isinstance(op, bool):
+        raise NotImplementedError(f"`{what}` does not support op=Adasum, as in Horovod. "
+                                  "Use Average or Sum.")
     if op not in (Average, Sum) or isinstance(op, bool):
         raise ValueError(f"Invalid value for argument `op` of `{what}`. Expected Average or "
                          f"Sum (as in Horovod). Received: op={op!r}")

@@ -19,6 +19,7 @@ from kerasdist.common.context import context
 from kerasdist.common.process_sets import global_process_set
 from kerasdist.torch import mpi_ops as _ops
 from kerasdist.torch.compression import Compression
+from kerasdist.torch.handles import discard as _discard
 from kerasdist.torch.handles import synchronize as _wait
 
 
@@ -246,7 +247,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _reset(self):
         for handle, _ in self._handles.values():
             if not callable(handle):
-                context.pending.pop(handle, None)
+                _discard(handle)
         self._handles.clear()
         self._ready.clear()
         for p in self._delay:

@@ -104,6 +104,13 @@ def check_async_handles_and_grouped():
         raise AssertionError("a synchronized handle was accepted again")
     except ValueError as e:
         assert "handle" in str(e)
+    # A name is free again once its collective was synchronized; 300 pending
+    # handles are checked by name, not one by one.
+    many = [hvd.allreduce_async(torch.ones(1), name=f"many.{i}") for i in range(300)]
+    for h in many:
+        hvd.synchronize(h)
+    again = hvd.allreduce_async(torch.ones(1), name="many.0", op=hvd.Sum)
+    same(hvd.synchronize(again), np.array([float(n)]), "a name reused after its end")
     log("check_async_handles_and_grouped passed")
 
 
@@ -248,6 +255,11 @@ def check_objects_and_queries():
     assert hvd.broadcast_object([r, "x"], root_rank=n - 1) == [n - 1, "x"]
     assert hvd.mpi_built() and not hvd.gloo_built() and not hvd.nccl_built()
     assert hvd.is_initialized() and hvd.local_size() == n and hvd.cross_size() == 1
+    # init() gave PyTorch this rank's share of the cores (no OMP_NUM_THREADS here).
+    import os
+    if "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0))
+        assert torch.get_num_threads() == max(1, cores // n), torch.get_num_threads()
     hvd.barrier()
     log("check_objects_and_queries passed")
 

@@ -64,6 +64,8 @@ def check_local_errors_are_clear():
     expect(ValueError, lambda: hvd.broadcast(torch.ones(2), root_rank=hvd.size()),
            "root_rank")
     expect(ValueError, lambda: hvd.reducescatter(torch.ones(2), op=hvd.Min), "Average or")
+    expect(NotImplementedError, lambda: hvd.reducescatter(torch.ones(2), op=hvd.Adasum),
+           "Adasum")
     expect(ValueError, lambda: hvd.synchronize(123456), "handle")
     expect(ValueError, lambda: hvd.allgather(torch.tensor(1.0)), "at least one dimension")
     still_works("local")
