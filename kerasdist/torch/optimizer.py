@@ -281,9 +281,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
-                    "optimizer.step() was called after optimizer.synchronize() without the "
-                    "optimizer.skip_synchronize() context, so the gradients are reduced "
-                    "twice. Use `with optimizer.skip_synchronize(): optimizer.step()`.")
+                    "optimizer.step() called without optimizer.skip_synchronize() context "
+                    "after optimizer.synchronize(), so the gradients are reduced twice. Use "
+                    "`with optimizer.skip_synchronize(): optimizer.step()`.")
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)

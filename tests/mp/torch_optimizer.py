@@ -152,6 +152,15 @@ def check_unused_parameters_and_synchronize():
     with opt.skip_synchronize():
         opt.step()
     identical_replicas(model, "clip")
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()  # without skip_synchronize(): Horovod's warning
+    assert any("optimizer.step() called without optimizer.skip_synchronize()" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
+    identical_replicas(model, "step after synchronize")
     log("check_unused_parameters_and_synchronize passed")
 
 
