@@ -7,7 +7,8 @@ import numpy as np
 
 from kerasdist.common.context import context
 from kerasdist.common.files import atomic_save
-from kerasdist.tensorflow.functions import broadcast_object, broadcast_variables
+from kerasdist._keras import backend as _backend
+from kerasdist.common.objects import broadcast_object
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -118,7 +119,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             if context.rank == 0:
                 for v, a in zip(variables, restored[1]):
                     v.assign(a)
-            broadcast_variables(variables, 0, name="backup_and_restore.state")
+            _backend.broadcast_variables(variables, 0, name="backup_and_restore.state")
             # Keras' fit loop starts from this attribute (it is how Keras'
             # own BackupAndRestore resumes).
             self.model._initial_epoch = epoch

@@ -2,7 +2,7 @@
 
 import keras
 
-from kerasdist.tensorflow.functions import broadcast_variables
+from kerasdist._keras import backend as _backend
 
 
 def _shared_variables(model, local_variables=()):
@@ -56,7 +56,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         opt = getattr(self.model, "optimizer", None)
         if opt is not None and not opt.built:
             opt.build(self.model.trainable_variables)
-        broadcast_variables(_shared_variables(self.model, self.local_variables),
+        _backend.broadcast_variables(_shared_variables(self.model, self.local_variables),
                             self.root_rank,
                             name="broadcast_global_variables")
         self.broadcast_done = True

@@ -1,11 +1,11 @@
 """A callback that averages the epoch's metrics over all ranks."""
 
-import numpy as np
-import tensorflow as tf
-
 import keras
+import numpy as np
 
-from kerasdist.tensorflow import functions, ops
+from kerasdist._keras import backend as _backend
+from kerasdist.common import objects
+from kerasdist.common.reduce_ops import Average, Sum
 
 
 def _numeric(value):
@@ -92,7 +92,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         self._val_batches = max(self._val_batches + 1, batch + 1)
 
     def _check_keys(self, epoch, kinds):
-        all_kinds = functions.allgather_object(
+        all_kinds = objects.allgather_object(
             sorted(kinds.items()), name="metric_average.keys")
         all_kinds = [dict(k) for k in all_kinds]
         if all(k == all_kinds[0] for k in all_kinds):
@@ -121,9 +121,9 @@ class MetricAverageCallback(keras.callbacks.Callback):
                  for key, value in values.items()}
         self._check_keys(epoch, kinds)
         if self.weighted:
-            counts = ops.allreduce(
-                tf.constant([self._train_batches, self._val_batches], tf.float64),
-                op=ops.Sum, name="metric_average.weights").numpy()
+            counts = _backend.allreduce_scalar(
+                np.array([self._train_batches, self._val_batches], np.float64),
+                Sum, "metric_average.weights")
         for key in sorted(logs):
             value = values[key]
             if value is None:
@@ -134,15 +134,12 @@ class MetricAverageCallback(keras.callbacks.Callback):
                 weight = float(self._val_batches if is_val else self._train_batches)
                 total = counts[1] if is_val else counts[0]
                 if total > 0:
-                    summed = ops.allreduce(tf.constant(value * weight),
-                                           op=ops.Sum, name=name).numpy()
+                    summed = _backend.allreduce_scalar(value * weight, Sum, name)
                     result = summed / total
                 else:  # No rank ran a batch of this kind: plain mean.
-                    result = ops.allreduce(tf.constant(value), op=ops.Average,
-                                           name=name).numpy()
+                    result = _backend.allreduce_scalar(value, Average, name)
             else:
-                result = ops.allreduce(tf.constant(value), op=ops.Average,
-                                       name=name).numpy()
+                result = _backend.allreduce_scalar(value, Average, name)
             logs[key] = float(result) if result.ndim == 0 else result
 
     def on_epoch_end(self, epoch, logs=None):

@@ -1,11 +1,11 @@
 """A callback that makes every rank stop training at the same point."""
 
-import tensorflow as tf
-
 import keras
+import numpy as np
 
+from kerasdist._keras import backend as _backend
 from kerasdist._keras import fit_guard as _fit_guard
-from kerasdist.tensorflow import ops
+from kerasdist.common.reduce_ops import Max
 
 
 class SyncStopTrainingCallback(keras.callbacks.Callback):
@@ -50,8 +50,8 @@ class SyncStopTrainingCallback(keras.callbacks.Callback):
     def _sync(self, name):
         if id(self.model) in _fit_guard.ACTIVE:
             return  # the distributed optimizer's fit agrees already
-        flag = tf.constant(1 if self.model.stop_training else 0, tf.int32)
-        stop = int(ops.allreduce(flag, op=ops.Max, name=name).numpy())
+        flag = np.int32(1 if self.model.stop_training else 0)
+        stop = int(_backend.allreduce_scalar(flag, Max, name))
         self.model.stop_training = bool(stop)
 
     def on_train_batch_end(self, batch, logs=None):

@@ -2,9 +2,9 @@
 
 import keras
 
+from kerasdist._keras import backend as _backend
 from kerasdist.callbacks.broadcast_global_variables import _shared_variables
-from kerasdist.tensorflow.functions import allgather_object, broadcast_variables
-from kerasdist.tensorflow.ops import join
+from kerasdist.common.objects import allgather_object
 
 
 class UnevenDataCallback(keras.callbacks.Callback):
@@ -62,6 +62,6 @@ class UnevenDataCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not self.join_each_epoch:
             return
-        self.last_joined = join()
-        broadcast_variables(_shared_variables(self.model), self.last_joined,
+        self.last_joined = _backend.join()
+        _backend.broadcast_variables(_shared_variables(self.model), self.last_joined,
                             name=f"uneven_data.sync.{epoch}")

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "Compression": "kerasdist.tensorflow.compression",
+    "Compression": "kerasdist._keras.compression",
     "DistributedOptimizer": "kerasdist._keras.optimizer",
     "PartialDistributedOptimizer": "kerasdist._keras.optimizer",
     "load_model": "kerasdist._keras.optimizer",
@@ -28,7 +28,7 @@ _EXPORTS = {
     "allgather_object": "kerasdist.common.objects",
     "broadcast_object": "kerasdist.common.objects",
     "broadcast_global_variables": "kerasdist.tensorflow.functions",
-    "broadcast_variables": "kerasdist.tensorflow.functions",
+    "broadcast_variables": "kerasdist._keras.variables",
     "LinearWarmup": "kerasdist._keras.schedules",
     "scale_learning_rate": "kerasdist._keras.schedules",
     "run": "kerasdist.runner.launch",

@@ -4,7 +4,9 @@
 (kerasdist/common). When TensorFlow is already imported, `init` and
 `build_info` also load the TensorFlow binding (which sizes TensorFlow's
 thread pools and adds its entries to `build_info`), and `barrier` inside a
-`tf.function` is the TensorFlow op. They never import TensorFlow themselves.
+`tf.function` is the TensorFlow op; when PyTorch is, `init` loads the
+PyTorch binding (which sizes PyTorch's thread pool: Keras on the torch
+backend). They never import a framework themselves.
 """
 
 import functools
@@ -34,6 +36,8 @@ def _share_threads_with_later_tensorflow(local_size):
 @functools.wraps(basics.init)
 def init(comm=None, process_sets=None):
     basics.init(comm=comm, process_sets=process_sets)
+    if "torch" in sys.modules:
+        importlib.import_module("kerasdist.torch")  # registers; sizes PyTorch's threads
     if _tensorflow_in_use():
         importlib.import_module("kerasdist.tensorflow")  # registers; sizes the pools
     else:

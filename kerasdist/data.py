@@ -1,5 +1,10 @@
 """Input pipelines for data-parallel training: sharding and equal step counts.
 
+`tf.data` pipelines: `shard`, `shard_files`, `distribute_dataset`,
+`tfds_split`. Numpy arrays and PyTorch `DataLoader`s (any Keras backend):
+`shard_arrays`, `DistributedSampler`. Step counts: `steps_per_epoch`,
+`check_equal_steps`.
+
 Every rank must run the same number of steps per epoch: each step ends in
 collectives, and a rank with one batch more than the others waits forever in
 a collective the others never issue. These helpers give ranks disjoint data
@@ -7,12 +12,24 @@ and make (or check) the step counts equal, failing fast instead of hanging.
 """
 
 import hashlib
+import importlib
 
 import numpy as np
-import tensorflow as tf
 
+from kerasdist._data_arrays import DistributedSampler, shard_arrays  # noqa: F401
 from kerasdist.common.basics import rank, size
-from kerasdist.tensorflow.functions import allgather_object
+from kerasdist.common.objects import allgather_object
+
+
+class _TensorFlow:
+    """`tf`, imported on first use: `shard_arrays` and `DistributedSampler`
+    (numpy inputs, PyTorch `DataLoader`s) need no TensorFlow."""
+
+    def __getattr__(self, name):
+        return getattr(importlib.import_module("tensorflow"), name)
+
+
+tf = _TensorFlow()
 
 _NAME_PREFIX = "kerasdist.data"
 

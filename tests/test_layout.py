@@ -6,8 +6,11 @@ folder imports only the layers below it.
     kerasdist/tensorflow/  the TensorFlow binding: common/ and itself
     kerasdist/torch/       the PyTorch binding: common/ and itself, and no
                            other framework (TensorFlow, Keras, JAX)
-    kerasdist/_keras/      the Keras layer: common/, tensorflow/, itself
-    public modules         kerasdist.keras, .data, .elastic, ._dispatch and callbacks/:
+    kerasdist/_keras/      the Keras layer: common/, the bindings, itself;
+                           its backend-neutral modules and callbacks/ import
+                           no binding or framework but Keras at module level
+    public modules         kerasdist.keras, .data (+ ._data_arrays), .elastic, ._dispatch
+                           and callbacks/:
                            any of the above, and each other
     kerasdist/runner/      the launcher: the standard library and runner/
                            only. The one exception is an import of the
@@ -144,10 +147,10 @@ ALLOWED = {
     "common": {"common", "generated"},
     "tensorflow": {"common", "tensorflow", "generated"},
     "torch": {"common", "torch", "generated"},
-    "_keras": {"common", "tensorflow", "_keras", "generated"},
-    "public": {"common", "tensorflow", "_keras", "public", "callbacks", "package",
+    "_keras": {"common", "tensorflow", "torch", "_keras", "generated"},
+    "public": {"common", "tensorflow", "torch", "_keras", "public", "callbacks", "package",
                "generated"},
-    "callbacks": {"common", "tensorflow", "_keras", "public", "callbacks", "generated"},
+    "callbacks": {"common", "_keras", "public", "callbacks", "generated"},
     "runner": {"runner"},
     "package": set(),
 }
@@ -217,7 +220,8 @@ def test_the_layout_is_as_documented():
                    "kerasdist.callbacks", "kerasdist.runner.cli"):
         assert public in MODULES, public
     flat = [m for m in MODULES if m.count(".") == 1 and _layer(m) == "public"]
-    assert sorted(flat) == ["kerasdist._dispatch", "kerasdist.data", "kerasdist.elastic",
+    assert sorted(flat) == ["kerasdist._data_arrays", "kerasdist._dispatch", "kerasdist.data",
+                            "kerasdist.elastic",
                             "kerasdist.keras"], flat
 
 
@@ -246,6 +250,28 @@ def test_the_torch_binding_imports_no_other_framework():
                    if _layer(i.importer) == "torch"
                    and i.target.split(".")[0] in FRAMEWORKS - {"torch"})
     assert not other, other
+
+
+# The Keras layer's modules that serve every backend (the rest are one
+# backend's: reduce.py and tape.py TensorFlow's, reduce_torch.py PyTorch's).
+KERAS_NEUTRAL = ("backend", "compression", "first_update", "fit_guard", "optimizer", "variables",
+                 "schedules", "settings", "sync_batch_norm")
+
+
+def test_the_keras_layer_and_callbacks_load_no_backend_at_module_level():
+    wrong = []
+    for module, imports in IMPORTS.items():
+        layer = _layer(module)
+        neutral = (layer == "callbacks" or (
+            layer == "_keras" and module.rpartition(".")[2] in KERAS_NEUTRAL))
+        if not neutral:
+            continue
+        for i in imports:
+            top = i.target.split(".")[0]
+            binding = _layer(i.target) in ("tensorflow", "torch") if top == "kerasdist" else False
+            if not i.in_function and (binding or top in FRAMEWORKS - {"keras"}):
+                wrong.append(str(i))
+    assert not wrong, "\n".join(wrong)
 
 
 def test_common_imports_no_framework():

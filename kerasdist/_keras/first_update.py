@@ -16,13 +16,16 @@ Not covered: non-trainable model variables (BatchNormalization's moving
 statistics), which the optimizer never sees; the callback broadcasts those.
 """
 
+import hashlib
+import warnings
 import weakref
 
-import tensorflow as tf
+import numpy as np
 
-from kerasdist.tensorflow import ops
-from kerasdist.tensorflow.broadcast_record import was_broadcast
-from kerasdist.tensorflow.functions import allgather_object, broadcast_variables
+from kerasdist._keras import backend as _backend
+from kerasdist.common.broadcast_record import was_broadcast
+from kerasdist.common.objects import allgather_object
+from kerasdist.common.reduce_ops import Max
 
 # Every DistributedOptimizer as (creation number, weak reference); the
 # numbers agree across ranks that create their optimizers in the same order.
@@ -66,7 +69,7 @@ def broadcast_global_variables(root_rank):
                 "rank must run the same training steps.")
         opt = alive[n]
         if known.pop():
-            broadcast_variables(
+            _backend.broadcast_variables(
                 list(opt.__dict__["_kerasdist_sync_vars"]) + list(opt.variables),
                 root_rank, name=f"kerasdist.broadcast_global_variables.{n}")
         else:
@@ -74,17 +77,40 @@ def broadcast_global_variables(root_rank):
             opt.__dict__["_kerasdist_force_sync"] = True
 
 
-def sync_once(optimizer, variables, local_ids=(), process_set=None):
+def distributed_optimizer(model):
+    """`model`'s distributed optimizer (the one whose `apply` reduces), or None."""
+    opt = getattr(model, "optimizer", None)
+    for o in (opt, getattr(opt, "inner_optimizer", None)):
+        if getattr(o, "_kerasdist_distributed", False):
+            return o
+    return None
+
+
+def sync_before_fit(model):
+    """The first-update broadcast of `model`'s distributed optimizer, run
+    before `fit`'s first step (for backends whose steps run eagerly)."""
+    opt = distributed_optimizer(model)
+    if opt is None or not model.built:
+        return  # a model built by its first batch: the first update does it
+    settings = opt.__dict__["_kerasdist_settings"]
+    sync_once(opt, list(model.trainable_variables), settings.local_ids, settings.process_set,
+              before_step=True)
+
+
+def sync_once(optimizer, variables, local_ids=(), process_set=None, before_step=False):
     """Broadcasts from rank 0 (the process set's first rank) before
     `optimizer`'s first update, if needed.
 
     Variables whose ids are in `local_ids` (a partial optimizer's local
-    layers) are left alone.
+    layers) are left alone. On a backend whose steps run eagerly, a call from
+    the first `apply` (not `before_step`) comes after the first gradients:
+    if the replicas differed, it warns that those gradients came from
+    different weights.
     """
     state = optimizer.__dict__
     if state.get("_kerasdist_sync_vars") is not None:
         return
-    with tf.init_scope():
+    with _backend.eager_scope():
         if not all(_readable(v) for v in variables):
             # Keras' symbolic build of a model built by its first call
             # traces the step before the variables hold values; the same
@@ -98,18 +124,33 @@ def sync_once(optimizer, variables, local_ids=(), process_set=None):
         need = 0 if all(was_broadcast(v) for v in everything) else 1
         if state.pop("_kerasdist_force_sync", False):
             need = 1
-        flag = ops.allreduce(tf.constant(need, tf.int32), op=ops.Max,
-                             name="kerasdist.first_update.check", process_set=process_set)
+        flag = _backend.allreduce_scalar(np.int32(need), Max,
+                                         "kerasdist.first_update.check", process_set)
         if int(flag):
             first = process_set.ranks[0] if process_set is not None else 0
-            broadcast_variables(everything,
-                                root_rank=state.get("_kerasdist_sync_root", first),
-                                name="kerasdist.first_update", process_set=process_set)
+            if not (before_step or _backend.is_tensorflow()):
+                _warn_if_replicas_differ(shared, process_set)
+            _backend.broadcast_variables(
+                everything, root_rank=state.get("_kerasdist_sync_root", first),
+                name="kerasdist.first_update", process_set=process_set)
+
+
+def _warn_if_replicas_differ(variables, process_set):
+    digest = hashlib.sha256()
+    for v in variables:
+        digest.update(np.ascontiguousarray(_backend.to_numpy(v)).tobytes())
+    digests = allgather_object(digest.hexdigest(), name="kerasdist.first_update.digests",
+                               process_set=process_set)
+    if len(set(digests)) > 1:
+        warnings.warn(
+            "The replicas' weights differed at the first update of a "
+            "DistributedOptimizer: rank 0's are broadcast now, but this first "
+            "step's gradients were computed from each rank's own weights. In a "
+            "custom training loop, broadcast before the first step: "
+            "`kerasdist.broadcast_variables(model.variables, root_rank=0)`.",
+            stacklevel=4)
 
 
 def _readable(v):
     """Whether `v` holds its value now (eagerly)."""
-    try:
-        return tuple(tf.convert_to_tensor(v).shape) == tuple(v.shape)
-    except Exception:  # not initialized yet
-        return False
+    return _backend.readable(v)

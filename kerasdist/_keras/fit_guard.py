@@ -37,11 +37,13 @@ import functools
 import inspect
 
 import keras
-import tensorflow as tf
+import numpy as np
 
+from kerasdist._keras import backend as _backend
+from kerasdist._keras import first_update as _first_update
 from kerasdist.common.context import context
-from kerasdist.tensorflow import ops
-from kerasdist.tensorflow.functions import allgather_object
+from kerasdist.common.objects import allgather_object
+from kerasdist.common.reduce_ops import Max
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end",
                 "on_batch_begin", "on_batch_end")
@@ -117,11 +119,16 @@ class FitGuard(keras.callbacks.Callback):
 
     def _agree(self, name):
         local = 1 if self.model.stop_training else 0
-        flag = ops.allreduce(tf.constant(local, tf.int32), op=ops.Max, name=name,
-                             process_set=self._process_set)
+        flag = _backend.allreduce_scalar(np.int32(local), Max, name, self._process_set)
         self.model.stop_training = bool(int(flag))
 
     def on_train_begin(self, logs=None):
+        if not _backend.is_tensorflow():
+            # On TensorFlow the first update broadcasts while the step is
+            # traced, before it runs; elsewhere the step runs eagerly and the
+            # first `apply` comes after the first gradients, so the replicas
+            # are made equal here, before the first step.
+            _first_update.sync_before_fit(self.model)
         steps = (self.params or {}).get("steps")
         if steps is not None:
             steps = int(steps)

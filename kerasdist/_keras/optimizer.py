@@ -4,17 +4,20 @@ Keras 3's gradient path is `fit` -> `train_step` -> `apply_gradients` ->
 `apply(grads, variables)`. The distributed optimizer is the user's optimizer
 with `apply()` overridden to allreduce the gradients first: one allreduce op
 per gradient, so in a compiled step TensorFlow starts each one as soon as its
-gradient exists and communication overlaps backprop.
+gradient exists and communication overlaps backprop. On the torch backend
+Keras calls `apply` eagerly after `backward()`, and the gradients go out as
+one grouped allreduce (kerasdist/_keras/reduce_torch.py).
 """
 
 import keras
 
+from kerasdist._keras import backend as _backend
 from kerasdist._keras import first_update as _first_update
 from kerasdist._keras import fit_guard as _fit_guard
-from kerasdist._keras import reduce as _reduce
-from kerasdist.common.context import check_initialized, context
-from kerasdist.tensorflow import ops
-from kerasdist.tensorflow.compression import Compression
+from kerasdist._keras import settings as _settings
+from kerasdist._keras.compression import Compression
+from kerasdist.common.context import check_initialized
+from kerasdist.common.reduce_ops import Average
 
 
 class _DistributedMixin:
@@ -29,7 +32,7 @@ class _DistributedMixin:
     def _kerasdist_reduce(self, grads, trainable_variables=None):
         settings = self.__dict__.get("_kerasdist_settings")
         # Checked at every size, so a single-process run already reports it.
-        ops.check_not_xla("DistributedOptimizer")
+        _backend.check_not_xla("DistributedOptimizer")
         if settings is None or settings.size() == 1:
             return grads
         variables = None
@@ -37,7 +40,7 @@ class _DistributedMixin:
             variables = list(trainable_variables)
             _first_update.sync_once(self, variables, settings.local_ids,
                                     settings.process_set)
-        return _reduce.reduce_gradients(grads, variables, settings)
+        return _backend.reduce_gradients(grads, variables, settings)
 
     def register_local_var(self, var):
         """Keeps `var`'s gradient local (not allreduced), as Horovod's
@@ -93,7 +96,7 @@ def DistributedOptimizer(
     optimizer,
     name=None,
     compression=Compression.none,
-    op=ops.Average,
+    op=Average,
     backward_passes_per_step=1,
     average_aggregated_gradients=False,
     sparse_as_dense=False,
@@ -168,6 +171,7 @@ def DistributedOptimizer(
     >>> model.compile(optimizer=opt, loss="mse")
     """
     check_initialized()
+    _backend.check_supported("DistributedOptimizer")
     del name, device_dense, device_sparse
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(
@@ -179,8 +183,8 @@ def DistributedOptimizer(
             "Invalid value for argument `backward_passes_per_step`. Expected "
             f"an integer >= 1. Received: {backward_passes_per_step!r}"
         )
-    group_spec = _reduce.resolve_groups(num_groups, groups)
-    _reduce.make_settings(op, gradient_predivide_factor, compression,
+    group_spec = _settings.resolve_groups(num_groups, groups)
+    _settings.make_settings(op, gradient_predivide_factor, compression,
                           sparse_as_dense, process_set=process_set)  # validates
     if (
         keras.mixed_precision.global_policy().name == "mixed_float16"
@@ -201,13 +205,13 @@ def DistributedOptimizer(
         if not average_aggregated_gradients:
             # Keras averages accumulated gradients; Horovod's default sums.
             postscale = float(backward_passes_per_step)
-    settings = _reduce.make_settings(op, gradient_predivide_factor, compression,
+    settings = _settings.make_settings(op, gradient_predivide_factor, compression,
                                      sparse_as_dense, postscale, group_spec, process_set)
     return _make_distributed(optimizer, settings)
 
 
 def PartialDistributedOptimizer(optimizer, name=None, compression=Compression.none,
-                                op=ops.Average, backward_passes_per_step=1,
+                                op=Average, backward_passes_per_step=1,
                                 average_aggregated_gradients=False,
                                 sparse_as_dense=False,
                                 gradient_predivide_factor=1.0, local_layers=None,
@@ -247,7 +251,7 @@ def PartialDistributedOptimizer(optimizer, name=None, compression=Compression.no
         gradient_predivide_factor=gradient_predivide_factor,
         num_groups=num_groups, groups=groups)
     settings = optimizer.__dict__["_kerasdist_settings"]
-    settings.local_ids = _reduce.variable_ids(local_layers)
+    settings.local_ids = _settings.variable_ids(local_layers)
     settings.scale_local = bool(scale_local_gradients)
     return optimizer
 
@@ -292,7 +296,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
         safe_mode=safe_mode)
     opt = getattr(model, "optimizer", None)
     if compile and isinstance(opt, keras.optimizers.Optimizer):
-        _make_distributed(opt, _reduce.Settings(ops.Average, 1.0, 1.0, compression, False))
+        _make_distributed(opt, _settings.Settings(Average, 1.0, 1.0, compression, False))
     return model
 
 

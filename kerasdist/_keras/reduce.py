@@ -1,111 +1,11 @@
-"""Gradient reduction shared by `DistributedOptimizer` and
-`DistributedGradientTape`: settings, grouping and local (unreduced)
-variables."""
+"""Gradient reduction on the TensorFlow backend, shared by
+`DistributedOptimizer` and `DistributedGradientTape` (settings, grouping
+and local variables: settings.py)."""
 
-import warnings
-
-import numpy as np
 import tensorflow as tf
 
-from kerasdist.common import process_sets as _sets
-from kerasdist.common.context import context
+from kerasdist._keras import settings as _settings
 from kerasdist.tensorflow import ops
-
-
-class Settings:
-    """How gradients are reduced; kept off Keras' attribute tracking.
-
-    `op`, `prescale` and `postscale` are what the engine runs (a predivided
-    average is a `Sum` with both factors set). `groups` is an int (split the
-    gradients into that many fused groups) or a list of lists of variables
-    (each list one fused group), or `None`. `local_ids` are the ids of
-    variables whose gradients stay local; with `scale_local` they are
-    divided by the number of ranks. `process_set` is the set reduced over
-    (`None`: every rank).
-    """
-
-    __slots__ = ("op", "prescale", "postscale", "compression", "sparse_as_dense",
-                 "groups", "local_ids", "scale_local", "process_set")
-
-    def __init__(self, op, prescale, postscale, compression, sparse_as_dense,
-                 groups=None, local_ids=None, scale_local=True, process_set=None):
-        self.op = op
-        self.prescale = prescale
-        self.postscale = postscale
-        self.compression = compression
-        self.sparse_as_dense = sparse_as_dense
-        self.groups = groups
-        self.local_ids = set(local_ids or ())
-        self.scale_local = scale_local
-        self.process_set = process_set
-
-    def size(self):
-        """The number of ranks the gradients are reduced over."""
-        set_id, _ = _sets.resolve(self.process_set, "DistributedOptimizer")
-        return _sets.rank_size(set_id)[1]
-
-
-def resolve_groups(num_groups, groups):
-    """Checks Horovod's `num_groups` / `groups` pair; returns one value."""
-    if num_groups:
-        if not isinstance(num_groups, int) or num_groups < 0:
-            raise ValueError(
-                "Invalid value for argument `num_groups`. Expected a "
-                f"non-negative integer. Received: num_groups={num_groups!r}")
-        if groups is not None:
-            raise ValueError(
-                "Give `groups` or the deprecated `num_groups`, not both. "
-                f"Received: num_groups={num_groups!r}, groups={groups!r}")
-        warnings.warn("`num_groups` is deprecated, as in Horovod; use "
-                      "`groups=<int>` instead.", DeprecationWarning, stacklevel=3)
-        return num_groups
-    if groups is None or groups == 0:
-        return None
-    if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
-        return groups
-    if isinstance(groups, (list, tuple)) and all(
-            isinstance(g, (list, tuple)) for g in groups):
-        return [list(g) for g in groups]
-    raise ValueError(
-        "Invalid value for argument `groups`. Expected a non-negative integer "
-        f"or a list of lists of variables. Received: groups={groups!r}")
-
-
-def make_settings(op, gradient_predivide_factor, compression, sparse_as_dense,
-                  postscale=1.0, groups=None, process_set=None):
-    """Engine op and factors for Horovod's (op, gradient_predivide_factor)."""
-    if op not in (ops.Average, ops.Sum, ops.Adasum):
-        raise ValueError(
-            "Invalid value for argument `op`. Expected kerasdist.Average, "
-            f"kerasdist.Sum or kerasdist.Adasum. Received: op={op!r}")
-    if gradient_predivide_factor != 1.0 and op != ops.Average:
-        raise ValueError(
-            "`gradient_predivide_factor` requires op=kerasdist.Average. "
-            f"Received: op={op!r}")
-    prescale, reduce_op = 1.0, op
-    if gradient_predivide_factor != 1.0:
-        reduce_op = ops.Sum
-        prescale = 1.0 / gradient_predivide_factor
-        size = _sets.rank_size(_sets.resolve(process_set, "DistributedOptimizer")[0])[1]
-        postscale *= gradient_predivide_factor / size
-    return Settings(reduce_op, prescale, postscale, compression, sparse_as_dense,
-                    groups=groups, process_set=process_set)
-
-
-def variable_ids(layers_or_variables):
-    """The ids of the trainable variables of layers (or of variables)."""
-    if layers_or_variables is None:
-        return set()
-    if not isinstance(layers_or_variables, (list, tuple)):
-        layers_or_variables = [layers_or_variables]
-    ids = set()
-    for item in layers_or_variables:
-        weights = getattr(item, "trainable_weights", None)
-        if weights is None:
-            ids.add(id(item))
-        else:
-            ids.update(id(w) for w in weights)
-    return ids
 
 
 def reduce_one(grad, settings, name=None):
@@ -139,25 +39,6 @@ def _dense(grad, settings):
     return not isinstance(grad, tf.IndexedSlices) or settings.sparse_as_dense
 
 
-def _group_plan(indices, variables, groups):
-    """Lists of gradient indices, each reduced in one grouped op."""
-    if groups is None or (variables is None and not isinstance(groups, int)):
-        return [[i] for i in indices]
-    if isinstance(groups, int):
-        return [list(part) for part in np.array_split(indices, min(groups, len(indices)))
-                if len(part)]
-    position = {id(variables[i]): i for i in indices}
-    plan, used = [], set()
-    for group in groups:
-        members = [position[id(v)] for v in group
-                   if id(v) in position and position[id(v)] not in used]
-        used.update(members)
-        if members:
-            plan.append(sorted(members))
-    plan += [[i] for i in indices if i not in used]
-    return plan
-
-
 def reduce_gradients(grads, variables, settings):
     """Reduces a flat list of gradients (None kept) for `variables`."""
     grads = list(grads)
@@ -174,7 +55,7 @@ def reduce_gradients(grads, variables, settings):
                 out[i] = _scale_local(g, size)
             continue
         shared.append(i)
-    for group in _group_plan(shared, variables, settings.groups):
+    for group in _settings.group_plan(shared, variables, settings.groups):
         dense = [i for i in group if _dense(grads[i], settings)]
         for i in group:
             if i not in dense:

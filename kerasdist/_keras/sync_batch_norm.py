@@ -4,7 +4,8 @@ import keras
 from keras import ops as kops
 
 from kerasdist.common.context import check_initialized, context
-from kerasdist.tensorflow import ops
+from kerasdist._keras import backend as _backend
+from kerasdist.common.reduce_ops import Sum
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")
@@ -77,7 +78,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             kops.sum(weights, axis=axes),
         ])
         if context.initialized and context.size > 1:
-            total = ops.allreduce(local, op=ops.Sum)
+            total = _backend.allreduce_differentiable(local, Sum)
         else:
             total = local
         count = kops.maximum(total[2], 1.0)

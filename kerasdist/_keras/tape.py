@@ -9,6 +9,7 @@ optimizer then applies them.
 import tensorflow as tf
 
 from kerasdist._keras import reduce as _reduce
+from kerasdist._keras import settings as _settings
 from kerasdist.common.context import check_initialized, context
 from kerasdist.tensorflow import ops
 from kerasdist.tensorflow.compression import Compression
@@ -112,8 +113,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     """
     check_initialized()
     del device_dense, device_sparse
-    group_spec = _reduce.resolve_groups(num_groups, groups)
-    settings = _reduce.make_settings(op, gradient_predivide_factor, compression,
+    group_spec = _settings.resolve_groups(num_groups, groups)
+    settings = _settings.make_settings(op, gradient_predivide_factor, compression,
                                      sparse_as_dense, groups=group_spec,
                                      process_set=process_set)
     return _wrap(gradtape, settings)
@@ -153,6 +154,6 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
         gradient_predivide_factor=gradient_predivide_factor,
         num_groups=num_groups, groups=groups)
     settings = tape.__dict__["_kerasdist_settings"]
-    settings.local_ids = _reduce.variable_ids(local_layers)
+    settings.local_ids = _settings.variable_ids(local_layers)
     settings.scale_local = bool(scale_local_gradients)
     return tape

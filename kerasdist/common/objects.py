@@ -6,6 +6,8 @@ process without TensorFlow, PyTorch or JAX, inside a traced function (they
 run in Python, at trace time) and in graph mode.
 """
 
+import ctypes
+
 import cloudpickle
 
 from kerasdist.common import handles
@@ -108,3 +110,22 @@ def barrier(process_set=None, name=None):
     check_initialized()
     name, set_id = _name("barrier", name, process_set, "barrier")
     handles.barrier(name, set_id)
+
+
+def join():
+    """Tells the other ranks this rank has no more data; returns the last
+    rank to join, once every rank has joined.
+
+    Until then, this rank takes part in the others' allreduces with zeros
+    (and is left out of their averages).
+
+    Raises:
+        RuntimeError: If kerasdist is not initialized, or the collective
+            fails on any rank.
+    """
+    check_initialized()
+    last = ctypes.c_int32(-1)
+    req, keep = handles.raw_request(handles.JOIN, handles.JOIN_NAME)
+    req.join_result = ctypes.pointer(last)
+    handles.enqueue([(req, keep + [last])]).wait()
+    return int(last.value)

@@ -9,14 +9,8 @@ import tensorflow as tf
 from kerasdist.common.context import context
 
 # The reduce ops, as the engine numbers them; public as kerasdist.Average, ...
-Average = 0
-Sum = 1
-Min = 2
-Max = 3
-Product = 4
-Adasum = 5
-OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product",
-            Adasum: "Adasum"}
+from kerasdist.common.reduce_ops import (  # noqa: E402,F401
+    OP_NAMES, Adasum, Average, Max, Min, Product, Sum)
 
 SUPPORTED_DTYPES = (
     tf.float16, tf.bfloat16, tf.float32, tf.float64,

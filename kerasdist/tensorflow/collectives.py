@@ -17,7 +17,7 @@ from kerasdist.common.context import check_initialized, context
 from kerasdist.tensorflow import ops
 from kerasdist.tensorflow._util import (Average, OP_NAMES, Sum, as_tensor, check_dtype, grad_name,
                                         tensor_name)
-from kerasdist.tensorflow.broadcast_record import mark_broadcast
+from kerasdist.common.broadcast_record import mark_broadcast
 from kerasdist.tensorflow.compression import Compression
 from kerasdist.tensorflow.library import raw_ops
 

@@ -8,7 +8,7 @@ from kerasdist.common import process_sets as _sets
 from kerasdist.common.context import check_initialized, context
 from kerasdist.common.objects import allgather_object, broadcast_object  # noqa: F401
 from kerasdist.tensorflow import ops
-from kerasdist.tensorflow.broadcast_record import mark_broadcast
+from kerasdist.common.broadcast_record import mark_broadcast
 from kerasdist.tensorflow.collectives import broadcast_
 
 

@@ -22,9 +22,8 @@ from kerasdist.common.process_sets import global_process_set
 from kerasdist.torch import handles as _th
 
 # The reduce ops, as the engine numbers them.
-Average, Sum, Min, Max, Product, Adasum = range(6)
-OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product",
-            Adasum: "Adasum"}
+from kerasdist.common.reduce_ops import (  # noqa: E402,F401
+    OP_NAMES, Adasum, Average, Max, Min, Product, Sum)
 
 
 def resolve_op(op, average, what, default=Average):

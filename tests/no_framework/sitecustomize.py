@@ -7,6 +7,7 @@ a binding's tests run with every other framework blocked.
 """
 
 import importlib.abc
+import importlib.machinery
 import os
 import sys
 
@@ -15,10 +16,24 @@ BLOCKED = tuple(f for f in ("tensorflow", "keras", "torch", "jax", "jaxlib", "tf
                 if f not in _ALLOWED)
 
 
+class _Missing(importlib.abc.Loader):
+    """Importing a blocked module fails as for one not installed."""
+
+    def create_module(self, spec):
+        raise ModuleNotFoundError(f"{spec.name} cannot be imported in this test",
+                                  name=spec.name)
+
+    def exec_module(self, module):  # never reached
+        raise ModuleNotFoundError(module.__name__)
+
+
 class _Block(importlib.abc.MetaPathFinder):
+    # A spec without an origin: `importlib.util.find_spec` probes (as
+    # torch._dynamo makes for optional modules) see nothing to load from,
+    # and an import raises ModuleNotFoundError.
     def find_spec(self, fullname, path=None, target=None):
         if fullname.split(".")[0] in BLOCKED:
-            raise ImportError(f"{fullname} cannot be imported in this test")
+            return importlib.machinery.ModuleSpec(fullname, _Missing(), origin=None)
         return None
 
 

@@ -1,8 +1,9 @@
 """Which variables hold the root's values, as far as kerasdist knows.
 
-`broadcast_variables` and `broadcast_` record the variables they set; the
-first update of a `DistributedOptimizer` (kerasdist/_keras/first_update.py)
-reads the record to tell whether rank 0's state still needs broadcasting.
+The `broadcast_variables` and `broadcast_` functions of every binding record
+the variables they set; the first update of a `DistributedOptimizer`
+(kerasdist/_keras/first_update.py) reads the record to tell whether rank 0's
+state still needs broadcasting.
 """
 
 import weakref

@@ -1,0 +1,9 @@
+"""The reduce ops, numbered as the engine library's C API numbers them.
+
+Every binding exports them under Horovod's names (`kerasdist.Average`,
+`kerasdist.torch.Sum`, ...); they are plain integers, equal everywhere.
+"""
+
+Average, Sum, Min, Max, Product, Adasum = range(6)
+OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product",
+            Adasum: "Adasum"}
