@@ -286,11 +286,61 @@ def check_unequal_steps_fail_on_every_rank():
         raise AssertionError("unequal step counts were not refused")
 
 
+def check_uneven_data_schedule_and_stop_sync():
+    r = kd.rank()
+    # Unknown lengths (a generator): rank r has 2 + r batches per epoch. The
+    # ranks whose data ends join; the others go on; then all take the state
+    # of the rank that joined last.
+    model = make_model(0)
+    model.compile(optimizer=kd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+    rng = np.random.default_rng(r)
+    xs = rng.normal(size=(B * (2 + r), 5))
+    ys = xs.sum(1, keepdims=True)
+
+    uneven = kd.callbacks.UnevenDataCallback()
+
+    def batches():
+        for i in range(2 + r):
+            yield xs[i * B:(i + 1) * B], ys[i * B:(i + 1) * B]
+
+    for epoch in range(2):
+        model.fit(batches(), epochs=1, verbose=0,
+                  callbacks=[uneven, kd.callbacks.MetricAverageCallback()])
+        assert uneven.join_each_epoch and uneven.last_joined == kd.size() - 1, \
+            uneven.last_joined
+        identical(flat(model.weights), f"weights after uneven epoch {epoch}")
+
+    # A learning-rate schedule: the multiplier applies from start_epoch on.
+    x, y = global_data(seed=8)
+    model = make_model(r)
+    model.compile(optimizer=kd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.fit(my_rows(x), my_rows(y), batch_size=B, epochs=3, shuffle=False, verbose=0,
+              callbacks=[kd.callbacks.LearningRateScheduleCallback(
+                  0.1, multiplier=lambda epoch: 0.5 ** epoch, start_epoch=1)])
+    lr = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+    assert abs(lr - 0.1 * 0.25) < 1e-12, lr
+    identical(flat(model.trainable_weights), "weights with a schedule")
+
+    # SyncStopTrainingCallback with a plain optimizer (no fit guard): a stop
+    # on the last rank stops every rank after the same epoch.
+    class StopLast(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if kd.rank() == kd.size() - 1 and epoch == 0:
+                self.model.stop_training = True
+
+    model = make_model(r)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    hist = model.fit(my_rows(x), my_rows(y), batch_size=B, epochs=4, verbose=0,
+                     callbacks=[StopLast(), kd.callbacks.SyncStopTrainingCallback()])
+    assert kd.allgather_object(len(hist.history["loss"])) == [1] * kd.size()
+
+
 def run():
     tmp = os.environ["KD_TMP"]
     for check in (check_fit_matches_one_process, check_custom_loop_matches_one_process,
                   check_accumulation_and_loss_scaling, check_sync_batch_norm,
-                  check_data_helpers, check_unequal_steps_fail_on_every_rank):
+                  check_data_helpers, check_unequal_steps_fail_on_every_rank,
+                  check_uneven_data_schedule_and_stop_sync):
         check()
         log(f"{check.__name__} passed")
     check_callbacks(tmp)
