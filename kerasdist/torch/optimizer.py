@@ -73,6 +73,15 @@ def _buckets(params, cap):
     return units
 
 
+class _Flat:
+    """The compression context of a unit reduced as one flat buffer."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The methods a wrapped optimizer's class gains (see
     `DistributedOptimizer`); `super(self.__class__, self)` is the user's
@@ -119,6 +128,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._set_id = _sets.resolve(process_set, "DistributedOptimizer")[0] \
             if process_set is not None and process_set.included() else None
         self._handles = {}  # unit (tuple of params) -> (handle, compression contexts)
+        self._flat = {}  # unit -> its flat gradient buffer (_start_flat)
         self._delay = {p: backward_passes_per_step for p in all_params}
         self._ready = {}  # unit -> params whose gradients are final
         self._synchronized = False
@@ -185,11 +195,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                            postscale_factor=post, process_set=self.process_set)
             return handle, (ctx,)
         dense = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in unit]
+        if (self.op != _ops.Adasum and len({t.dtype for t in dense}) == 1
+                and not any(p.grad.is_sparse for p in unit)):
+            return self._start_flat(unit, dense, name, pre, post)
         pairs = [self._compression.compress(t) for t in dense]
         handle = _ops.grouped_allreduce_async_(
             [w for w, _ in pairs], name=f"{name}.group", op=self.op, prescale_factor=pre,
             postscale_factor=post, process_set=self.process_set)
         return handle, tuple(c for _, c in pairs)
+
+    def _start_flat(self, unit, dense, name, pre, post):
+        """One allreduce of the unit's gradients copied into one flat
+        buffer (kept per unit): one request instead of one per tensor, the
+        way DDP's buckets go. Elementwise reductions give the same values.
+        (Adasum is per tensor, so its units stay grouped.)"""
+        total = sum(t.numel() for t in dense)
+        flat = self._flat.get(unit)
+        if flat is None or flat.numel() != total or flat.dtype != dense[0].dtype:
+            flat = self._flat[unit] = torch.empty(total, dtype=dense[0].dtype)
+        torch.cat([t.reshape(-1) for t in dense], out=flat)
+        wire, ctx = self._compression.compress(flat)
+        handle = _ops.allreduce_async_(wire, name=f"{name}.bucket", op=self.op,
+                                       prescale_factor=pre, postscale_factor=post,
+                                       process_set=self.process_set)
+        return handle, _Flat(ctx)
 
     def _make_hook(self, p):
         def hook(param):
@@ -229,6 +258,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         self._handles[unit] = self._start(unit)
             for unit, (handle, ctxs) in self._handles.items():
                 output = handle() if callable(handle) else _wait(handle)
+                if isinstance(ctxs, _Flat):
+                    flat, offset = self._compression.decompress(output, ctxs.ctx), 0
+                    for p in unit:
+                        n = p.grad.numel()
+                        p.grad.copy_(flat[offset:offset + n].view(p.grad.shape))
+                        offset += n
+                    continue
                 outputs = output if len(unit) > 1 else [output]
                 for p, out, ctx in zip(unit, outputs, ctxs):
                     self._write(p, self._compression.decompress(out, ctx))
