@@ -37,8 +37,9 @@ _EXPORTS = {
     "add_process_set": "kerasdist.common.process_sets",
     "remove_process_set": "kerasdist.common.process_sets",
 }
-for _name in ("Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce",
-              "broadcast", "grouped_allreduce", "join"):
+for _name in ("Adasum", "Average", "Max", "Min", "Product", "Sum"):
+    _EXPORTS[_name] = "kerasdist.common.reduce_ops"  # plain integers, any backend
+for _name in ("allgather", "allreduce", "broadcast", "grouped_allreduce", "join"):
     _EXPORTS[_name] = "kerasdist.tensorflow.ops"
 for _name in ("alltoall", "broadcast_", "grouped_allgather", "grouped_reducescatter",
               "reducescatter"):

@@ -17,7 +17,8 @@ ENV = {"KERAS_BACKEND": "torch",
 CHECKS = ("check_fit_matches_one_process", "check_custom_loop_matches_one_process",
           "check_accumulation_and_loss_scaling", "check_sync_batch_norm",
           "check_data_helpers", "check_unequal_steps_fail_on_every_rank",
-          "check_uneven_data_schedule_and_stop_sync", "check_callbacks")
+          "check_uneven_data_schedule_and_stop_sync", "check_optimizer_options",
+          "check_callbacks")
 
 
 @pytest.mark.parametrize("np_", [2, 3])

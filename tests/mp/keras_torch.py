@@ -286,6 +286,48 @@ def check_unequal_steps_fail_on_every_rank():
         raise AssertionError("unequal step counts were not refused")
 
 
+def check_optimizer_options():
+    x, y = global_data(seed=9)
+
+    def fit(opt, seed=None):
+        model = make_model(kd.rank() if seed is None else seed)
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(my_rows(x), my_rows(y), batch_size=B, shuffle=False, verbose=0)
+        return model
+
+    want = reference(lambda: keras.optimizers.SGD(0.1), x, y)
+    for what, kwargs, tol in (
+            ("groups=2", dict(groups=2), TOL),
+            ("gradient_predivide_factor=2", dict(gradient_predivide_factor=2.0), TOL),
+            ("fp16 compression", dict(compression=kd.Compression.fp16),
+             dict(rtol=1e-2, atol=1e-3))):
+        mine = flat(fit(kd.DistributedOptimizer(keras.optimizers.SGD(0.1), **kwargs))
+                    .trainable_weights)
+        identical(mine, f"weights with {what}")
+        np.testing.assert_allclose(mine, want, **tol, err_msg=what)
+    # op=Sum adds the gradients up: with the rate divided by size(), as Average.
+    mine = flat(fit(kd.DistributedOptimizer(keras.optimizers.SGD(0.1 / kd.size()), op=kd.Sum))
+                .trainable_weights)
+    np.testing.assert_allclose(mine, want, **TOL)
+
+    # PartialDistributedOptimizer: the head's gradients stay on each rank.
+    keras.utils.set_random_seed(0)
+    model = make_model(0)
+    head = model.layers[-1]
+    opt = kd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[head])
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(my_rows(x), my_rows(y), batch_size=B, shuffle=False, verbose=0)
+    identical(flat(model.layers[0].trainable_weights), "the shared layer's weights")
+    heads = kd.allgather_object(flat(head.trainable_weights))
+    assert not np.array_equal(heads[0], heads[1]), "the local head was averaged"
+
+    # load_model makes a saved model's optimizer distributed again.
+    path = os.path.join(os.environ["KD_TMP"], f"opts.{kd.rank()}.keras")
+    model.save(path)
+    loaded = kd.load_model(path)
+    assert getattr(loaded.optimizer, "_kerasdist_distributed", False)
+
+
 def check_uneven_data_schedule_and_stop_sync():
     r = kd.rank()
     # Unknown lengths (a generator): rank r has 2 + r batches per epoch. The
@@ -340,7 +382,7 @@ def run():
     for check in (check_fit_matches_one_process, check_custom_loop_matches_one_process,
                   check_accumulation_and_loss_scaling, check_sync_batch_norm,
                   check_data_helpers, check_unequal_steps_fail_on_every_rank,
-                  check_uneven_data_schedule_and_stop_sync):
+                  check_uneven_data_schedule_and_stop_sync, check_optimizer_options):
         check()
         log(f"{check.__name__} passed")
     check_callbacks(tmp)

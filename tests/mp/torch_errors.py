@@ -1,6 +1,8 @@
 """Bad input to kerasdist.torch's collectives at np=2 and np=3: every rank
 gets a clear error, and the engine keeps working. Prints "<name> passed"."""
 
+import time
+
 import numpy as np
 import torch
 
@@ -86,8 +88,14 @@ def check_name_reused_in_flight():
         log("reused:", reused)
         comm.send("tried", dest=last, tag=11)
     else:
+        deadline = time.monotonic() + 60  # bounded: a rank that failed never sends
         for q in range(last):
-            comm.recv(source=q, tag=11)
+            req = comm.irecv(source=q, tag=11)
+            while not req.test()[0]:
+                if time.monotonic() > deadline:
+                    req.Cancel()
+                    raise AssertionError(f"rank {q} never tried the reused name")
+                time.sleep(0.01)
         h1 = hvd.allreduce_async(torch.ones(2), name="twice", op=hvd.Sum)
     assert np.array_equal(hvd.synchronize(h1).numpy(), np.full(2, float(hvd.size())))
     still_works("reused")
