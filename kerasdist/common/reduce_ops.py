@@ -4,6 +4,11 @@ Every binding exports them under Horovod's names (`kerasdist.Average`,
 `kerasdist.torch.Sum`, ...); they are plain integers, equal everywhere.
 """
 
-Average, Sum, Min, Max, Product, Adasum = range(6)
+Average = 0
+Sum = 1
+Min = 2
+Max = 3
+Product = 4
+Adasum = 5
 OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product",
             Adasum: "Adasum"}
