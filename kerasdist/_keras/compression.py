@@ -8,6 +8,8 @@ kerasdist/torch/compression.py), importing nothing that is not in use.
 
 import importlib
 
+from kerasdist.common.compression import Compressor, NoneCompressor  # noqa: F401
+
 _BINDINGS = {"torch": "kerasdist.torch.compression"}
 _DEFAULT = "kerasdist.tensorflow.compression"
 
@@ -16,24 +18,6 @@ def _binding_compression(tensor):
     framework = type(tensor).__module__.split(".", 1)[0]
     return importlib.import_module(_BINDINGS.get(framework, _DEFAULT)).Compression
 
-
-class Compressor:
-    """Casts a tensor for communication and back. Subclasses override
-    `compress` and `decompress`."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns `(compressed_tensor, context)`."""
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Returns the tensor restored with the context from `compress`."""
-        return tensor
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
 
 
 class _BindingCompressor(Compressor):

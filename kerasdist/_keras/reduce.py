@@ -45,16 +45,7 @@ def reduce_gradients(grads, variables, settings):
     size = settings.size()
     if size == 1:
         return grads
-    out = list(grads)
-    shared = []
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
-        if variables is not None and id(variables[i]) in settings.local_ids:
-            if settings.scale_local:
-                out[i] = _scale_local(g, size)
-            continue
-        shared.append(i)
+    out, shared = _settings.split_local(grads, variables, settings, size, _scale_local)
     for group in _settings.group_plan(shared, variables, settings.groups):
         dense = [i for i in group if _dense(grads[i], settings)]
         for i in group:

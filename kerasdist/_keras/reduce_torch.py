@@ -53,16 +53,8 @@ def reduce_gradients(grads, variables, settings):
     size = settings.size()
     if size == 1:
         return grads
-    out = list(grads)
-    shared = []
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
-        if variables is not None and id(variables[i]) in settings.local_ids:
-            if settings.scale_local:
-                out[i] = g / size
-            continue
-        shared.append(i)
+    out, shared = _settings.split_local(grads, variables, settings, size,
+                                        lambda g, n: g / n)
     if not shared:
         return out
     groups = settings.groups

@@ -124,3 +124,24 @@ def group_plan(indices, variables, groups):
             plan.append(sorted(members))
     plan += [[i] for i in indices if i not in used]
     return plan
+
+
+def split_local(grads, variables, settings, size, scale_local):
+    """Sorts gradients into those to reduce and the local ones.
+
+    Returns `(out, shared)`: `out` is a copy of `grads` in which each local
+    gradient (of a variable in `settings.local_ids`) is already final,
+    divided by `size` with `scale_local(grad, size)` when
+    `settings.scale_local`; `shared` lists the indices still to reduce.
+    `None` gradients stay `None`.
+    """
+    out, shared = list(grads), []
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if variables is not None and id(variables[i]) in settings.local_ids:
+            if settings.scale_local:
+                out[i] = scale_local(g, size)
+            continue
+        shared.append(i)
+    return out, shared
