@@ -134,6 +134,38 @@ def _build_engine_library(wrapper, out_dir, temp_dir, jobs):
     return target
 
 
+JAX_LIBRARY = "libkerasdist_jax.so"
+JAX_SOURCES = sorted(glob.glob("kerasdist/csrc/jax/*.cc"))
+
+
+def _build_jax_library(out_dir):
+    """Compiles the XLA FFI handlers into libkerasdist_jax.so, if JAX is here.
+
+    They include the FFI headers that jaxlib ships (`jax.ffi.include_dir()`)
+    and the engine library's C API, and link the engine library beside them.
+    Without JAX the JAX binding is simply not built (kerasdist.jax then says
+    how to rebuild).
+    """
+    try:
+        import jax.ffi
+    except ImportError:
+        return None
+    target = os.path.join(out_dir, JAX_LIBRARY)
+    headers = glob.glob("kerasdist/csrc/capi/*.h")
+    if not _newer(target, JAX_SOURCES + headers + [__file__,
+                                                   os.path.join(out_dir, ENGINE_LIBRARY)]):
+        return target
+    cxx = os.environ.get("CXX", "g++")
+    cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-DNDEBUG", "-pthread",
+           f"-I{jax.ffi.include_dir()}", "-Ikerasdist/csrc", *JAX_SOURCES,
+           f"-L{out_dir}", "-l:" + ENGINE_LIBRARY, "-Wl,-rpath,$ORIGIN", "-o", target]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        _fail("compiling the JAX library failed:\n" + " ".join(cmd) + "\n"
+              + proc.stderr[-6000:])
+    return target
+
+
 class BuildOps(build_ext):
     """Builds the engine library, then the TensorFlow op library on it."""
 
@@ -148,9 +180,12 @@ class BuildOps(build_ext):
         super().copy_extensions_to_source()
         # A new file renamed into place: processes that have the old one
         # mapped keep it intact.
-        target = os.path.join(HERE, "kerasdist", ENGINE_LIBRARY)
-        shutil.copy2(self._engine, target + ".tmp")
-        os.replace(target + ".tmp", target)
+        for built in (self._engine, self._jax):
+            if not built:
+                continue
+            target = os.path.join(HERE, "kerasdist", os.path.basename(built))
+            shutil.copy2(built, target + ".tmp")
+            os.replace(target + ".tmp", target)
 
     def build_extensions(self):
         tf = _tensorflow()
@@ -158,6 +193,7 @@ class BuildOps(build_ext):
         out_dir = os.path.dirname(self.get_ext_fullpath("kerasdist._kerasdist_tf"))
         self._engine = _build_engine_library(
             wrapper, out_dir, os.path.join(self.build_temp, "engine"), self.parallel)
+        self._jax = _build_jax_library(out_dir)
         # The op library includes only the C API and links the engine library
         # beside it: it compiles no core source.
         cflags = list(tf.sysconfig.get_compile_flags()) + [
@@ -207,7 +243,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=["kerasdist", "kerasdist.callbacks", "kerasdist.common",
-              "kerasdist.tensorflow", "kerasdist.torch", "kerasdist.torch.elastic",
+              "kerasdist.tensorflow", "kerasdist.torch", "kerasdist.torch.elastic", "kerasdist.jax",
               "kerasdist._keras", "kerasdist.runner"],
     package_dir={"kerasdist": "kerasdist", "kerasdist.callbacks": "callbacks"},
     ext_modules=[
@@ -218,6 +254,6 @@ setup(
     cmdclass={"build_ext": BuildOps},
     install_requires=["mpi4py>=4", "numpy", "cloudpickle"],
     extras_require={"tfds": ["tensorflow-datasets", "importlib_resources"],
-                    "torch": ["torch>=2.1"]},
+                    "torch": ["torch>=2.1"], "jax": ["jax>=0.10.2"]},
     entry_points={"console_scripts": ["kerasdist-run=kerasdist.runner.cli:main"]},
 )

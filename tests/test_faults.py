@@ -13,6 +13,9 @@ Rank 0 or the last rank of a small job is killed (SIGKILL) or frozen
 - mid_fit: step 20 of `fit` with a tiny model and DistributedOptimizer;
 - mid_backward: inside step 20's backward pass of a PyTorch model with
   kerasdist.torch's DistributedOptimizer (some allreduces enqueued);
+- mid_jit: before step 20 of a jitted JAX train step whose gradients go
+  through kerasdist.jax's grouped allreduce (the others wait inside that
+  step's XLA custom call);
 - shutdown: the others call `shutdown()` with the victim down, so it
   acknowledges none of theirs;
 - after_shutdown (SIGSTOP, np=2): every `shutdown()` returned, then the
@@ -80,7 +83,7 @@ from harness import Case  # noqa: E402
 
 BOUND_S = 20.0  # The issue's fault-to-exit requirement.
 POINTS = ("before_init", "in_init", "negotiation", "mid_ring", "mid_fit", "mid_backward",
-          "shutdown")
+          "mid_jit", "shutdown")
 NP3_POINTS = ("negotiation", "mid_ring")
 
 _AFTER_SHUTDOWN = (

@@ -136,7 +136,7 @@ def _layer(module):
     if module == "kerasdist":
         return "package"
     part = module.split(".")[1]
-    if part in ("common", "tensorflow", "torch", "_keras", "runner", "callbacks"):
+    if part in ("common", "tensorflow", "torch", "jax", "_keras", "runner", "callbacks"):
         return part
     if module in GENERATED:
         return "generated"
@@ -147,9 +147,10 @@ ALLOWED = {
     "common": {"common", "generated"},
     "tensorflow": {"common", "tensorflow", "generated"},
     "torch": {"common", "torch", "generated"},
-    "_keras": {"common", "tensorflow", "torch", "_keras", "generated"},
-    "public": {"common", "tensorflow", "torch", "_keras", "public", "callbacks", "package",
-               "generated"},
+    "jax": {"common", "jax", "generated"},
+    "_keras": {"common", "tensorflow", "torch", "jax", "_keras", "generated"},
+    "public": {"common", "tensorflow", "torch", "jax", "_keras", "public", "callbacks",
+               "package", "generated"},
     "callbacks": {"common", "_keras", "public", "callbacks", "generated"},
     "runner": {"runner"},
     "package": set(),
@@ -214,7 +215,7 @@ def _example_cycle(graph, component):
 
 
 def test_the_layout_is_as_documented():
-    for folder in ("common", "tensorflow", "torch", "_keras", "runner"):
+    for folder in ("common", "tensorflow", "torch", "jax", "_keras", "runner"):
         assert f"kerasdist.{folder}" in MODULES, f"kerasdist/{folder}/ is missing"
     for public in ("kerasdist.keras", "kerasdist.data", "kerasdist.elastic",
                    "kerasdist.callbacks", "kerasdist.runner.cli"):
@@ -245,10 +246,11 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_torch_binding_imports_no_other_framework():
+@pytest.mark.parametrize("binding,own", [("torch", {"torch"}), ("jax", {"jax", "jaxlib"})])
+def test_a_framework_binding_imports_no_other_framework(binding, own):
     other = sorted(str(i) for imports in IMPORTS.values() for i in imports
-                   if _layer(i.importer) == "torch"
-                   and i.target.split(".")[0] in FRAMEWORKS - {"torch"})
+                   if _layer(i.importer) == binding
+                   and i.target.split(".")[0] in FRAMEWORKS - own)
     assert not other, other
 
 
@@ -268,7 +270,8 @@ def test_the_keras_layer_and_callbacks_load_no_backend_at_module_level():
             continue
         for i in imports:
             top = i.target.split(".")[0]
-            binding = _layer(i.target) in ("tensorflow", "torch") if top == "kerasdist" else False
+            binding = (_layer(i.target) in ("tensorflow", "torch", "jax") if top == "kerasdist"
+                       else False)
             if not i.in_function and (binding or top in FRAMEWORKS - {"keras"}):
                 wrong.append(str(i))
     assert not wrong, "\n".join(wrong)
@@ -299,7 +302,7 @@ def test_no_private_framework_modules():
     wrong = [str(i) for imports in IMPORTS.values() for i in imports
              if i.target.startswith(("tensorflow.python", "tensorflow.core",
                                      "tensorflow.compiler", "tensorflow.tsl",
-                                     "keras.src", "tf_keras"))]
+                                     "keras.src", "tf_keras", "jax._src", "jaxlib"))]
     assert not wrong, "\n".join(wrong)
 
 

@@ -271,6 +271,33 @@ def mid_backward(victim):
         opt.step()
 
 
+def mid_jit(victim):
+    """JAX: a jitted train step reduces its gradients with one grouped
+    allreduce (an XLA FFI custom call); the victim faults before its step
+    20, while the others wait inside that step's custom call."""
+    import jax
+    import jax.numpy as jnp
+
+    import kerasdist.jax as kd
+    kd.init()
+    params = {"w": jnp.ones((8, 16)) * 0.1, "v": jnp.ones((16, 1)) * 0.1}
+    x = jax.random.uniform(jax.random.PRNGKey(RANK), (64, 8))
+    y = x.sum(1, keepdims=True)
+
+    @jax.jit
+    def step(params):
+        loss = lambda p: jnp.mean((jnp.tanh(x @ p["w"]) @ p["v"] - y) ** 2)  # noqa: E731
+        grads = jax.grad(loss)(params)
+        names = sorted(grads)
+        reduced = kd.grouped_allreduce([grads[k] for k in names], name="jit.grads")
+        return {k: params[k] - 0.01 * g for k, g in zip(names, reduced)}
+
+    for i in range(1000):
+        if victim and i == 20:
+            fault(step=i)
+        params = jax.block_until_ready(step(params))
+
+
 def victim_down():
     """Waits (bounded) until the victim has faulted and is stopped or gone."""
     wait_for(["fault", f"pid.{VICTIM}"])
@@ -314,7 +341,7 @@ def after_shutdown(victim):
 
 
 POINTS = {f.__name__: f for f in (before_init, in_init, negotiation, mid_ring,
-                                  coordinator_blocked, mid_fit, mid_backward, shutdown,
+                                  coordinator_blocked, mid_fit, mid_backward, mid_jit, shutdown,
                                   after_shutdown)}
 
 
