@@ -221,10 +221,13 @@ def test_pytorch_mnist_fp16_allreduce():
     assert printed_accuracy(out) > 0.2
 
 
-def test_keras_mnist_on_the_torch_backend_ends_with_identical_replicas():
-    _, out = run_example("keras_torch_mnist.py", ["--epochs", "1", "--steps-per-epoch", "60"],
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_keras_mnist_on_another_backend_ends_with_identical_replicas(backend):
+    pytest.importorskip(backend)
+    _, out = run_example(f"keras_{backend}_mnist.py",
+                         ["--epochs", "1", "--steps-per-epoch", "60"],
                          tool="kerasdist-run", timeout=300)
-    assert "2 rank(s), 64 examples per rank per step, backend torch" in out
+    assert f"2 rank(s), 64 examples per rank per step, backend {backend}" in out
     digests = _digests(out)
     assert sorted(digests) == ["0", "1"] and len(set(digests.values())) == 1, out[-3000:]
     assert printed_accuracy(out) > 0.5

@@ -19,7 +19,7 @@ from kerasdist.common import objects as _objects
 from kerasdist.common.broadcast_record import mark_broadcast
 from kerasdist.common.reduce_ops import Sum
 
-SUPPORTED = ("tensorflow", "torch")
+SUPPORTED = ("tensorflow", "torch", "jax")
 
 
 def name():
@@ -54,6 +54,10 @@ def reduce_gradients(grads, variables, settings):
 
         return reduce.reduce_gradients(grads, variables, settings)
     check_supported("DistributedOptimizer")
+    if name() == "jax":
+        from kerasdist._keras import reduce_jax
+
+        return reduce_jax.reduce_gradients(grads, variables, settings)
     from kerasdist._keras import reduce_torch
 
     return reduce_torch.reduce_gradients(grads, variables, settings)
@@ -79,6 +83,10 @@ def allreduce_differentiable(tensor, op=Sum):
 
         return ops.allreduce(tensor, op=op)
     check_supported("SyncBatchNormalization")
+    if name() == "jax":
+        from kerasdist.jax import collectives as jax_collectives
+
+        return jax_collectives.allreduce(tensor, op=op)
     from kerasdist.torch import collectives
 
     return collectives.allreduce(tensor, op=op)

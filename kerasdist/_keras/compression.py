@@ -3,14 +3,15 @@
 `Compression.none`, `fp16` and `bf16` work on the tensors of whichever
 framework they are given: each call hands the tensor to the compressor of
 the binding that owns its type (kerasdist/tensorflow/compression.py,
-kerasdist/torch/compression.py), importing nothing that is not in use.
+kerasdist/torch/compression.py, kerasdist/jax/compression.py), importing nothing that is not in use.
 """
 
 import importlib
 
 from kerasdist.common.compression import Compressor, NoneCompressor  # noqa: F401
 
-_BINDINGS = {"torch": "kerasdist.torch.compression"}
+_BINDINGS = {"torch": "kerasdist.torch.compression", "jax": "kerasdist.jax.compression",
+             "jaxlib": "kerasdist.jax.compression"}
 _DEFAULT = "kerasdist.tensorflow.compression"
 
 

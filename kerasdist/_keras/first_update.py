@@ -135,20 +135,43 @@ def sync_once(optimizer, variables, local_ids=(), process_set=None, before_step=
                 name="kerasdist.first_update", process_set=process_set)
 
 
-def _warn_if_replicas_differ(variables, process_set):
+def check_traced(optimizer, variables, local_ids=(), process_set=None):
+    """The first update inside a traced step (Keras' jitted JAX step, a
+    custom loop's `stateless_apply`), where nothing can be broadcast: once,
+    check eagerly that the replicas agree, and warn if they do not. `fit`
+    broadcasts before its first step, so this finds nothing to do there."""
+    state = optimizer.__dict__
+    if state.get("_kerasdist_sync_vars") is not None:
+        return
+    shared = [v for v in variables if id(v) not in local_ids]
+    state["_kerasdist_sync_vars"] = shared
+    if all(was_broadcast(v) for v in shared):
+        return
+    _warn_if_replicas_differ(
+        shared, process_set,
+        "The replicas' weights differ at the first update of a DistributedOptimizer "
+        "inside a traced (jitted) step, where nothing can be broadcast: the replicas "
+        "will train apart. Broadcast before the first step: "
+        "`kerasdist.broadcast_variables(model.variables, root_rank=0)` (and the "
+        "optimizer's variables once it is built).")
+
+
+_DIFFERED = (
+    "The replicas' weights differed at the first update of a "
+    "DistributedOptimizer: rank 0's are broadcast now, but this first "
+    "step's gradients were computed from each rank's own weights. In a "
+    "custom training loop, broadcast before the first step: "
+    "`kerasdist.broadcast_variables(model.variables, root_rank=0)`.")
+
+
+def _warn_if_replicas_differ(variables, process_set, message=_DIFFERED):
     digest = hashlib.sha256()
     for v in variables:
         digest.update(np.ascontiguousarray(_backend.to_numpy(v)).tobytes())
     digests = allgather_object(digest.hexdigest(), name="kerasdist.first_update.digests",
                                process_set=process_set)
     if len(set(digests)) > 1:
-        warnings.warn(
-            "The replicas' weights differed at the first update of a "
-            "DistributedOptimizer: rank 0's are broadcast now, but this first "
-            "step's gradients were computed from each rank's own weights. In a "
-            "custom training loop, broadcast before the first step: "
-            "`kerasdist.broadcast_variables(model.variables, root_rank=0)`.",
-            stacklevel=4)
+        warnings.warn(message, stacklevel=4)
 
 
 def _readable(v):

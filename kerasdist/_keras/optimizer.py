@@ -6,7 +6,10 @@ with `apply()` overridden to allreduce the gradients first: one allreduce op
 per gradient, so in a compiled step TensorFlow starts each one as soon as its
 gradient exists and communication overlaps backprop. On the torch backend
 Keras calls `apply` eagerly after `backward()`, and the gradients go out as
-one grouped allreduce (kerasdist/_keras/reduce_torch.py).
+one grouped allreduce (kerasdist/_keras/reduce_torch.py). On the JAX backend
+Keras calls `stateless_apply` inside its jitted step; it is overridden too,
+and the gradients go out as one grouped XLA custom call
+(kerasdist/_keras/reduce_jax.py).
 """
 
 import keras
@@ -26,10 +29,24 @@ class _DistributedMixin:
     _kerasdist_distributed = True
 
     def apply(self, grads, trainable_variables=None):
+        if self.__dict__.get("_kerasdist_reduced"):  # inside our stateless_apply
+            return super().apply(grads, trainable_variables)
         return super().apply(self._kerasdist_reduce(grads, trainable_variables),
                              trainable_variables)
 
-    def _kerasdist_reduce(self, grads, trainable_variables=None):
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        # Keras' JAX trainer calls this inside its jitted step; a
+        # LossScaleOptimizer's does not go through `apply`. Reduce first
+        # (before a loss scale's finite check, so every rank skips alike),
+        # then let `apply` pass the gradients through.
+        reduced = self._kerasdist_reduce(grads, None, stateless=True)
+        self.__dict__["_kerasdist_reduced"] = True
+        try:
+            return super().stateless_apply(optimizer_variables, reduced, trainable_variables)
+        finally:
+            self.__dict__.pop("_kerasdist_reduced", None)
+
+    def _kerasdist_reduce(self, grads, trainable_variables=None, stateless=False):
         settings = self.__dict__.get("_kerasdist_settings")
         # Checked at every size, so a single-process run already reports it.
         _backend.check_not_xla("DistributedOptimizer")
@@ -40,6 +57,13 @@ class _DistributedMixin:
             variables = list(trainable_variables)
             _first_update.sync_once(self, variables, settings.local_ids,
                                     settings.process_set)
+        elif stateless:
+            # Inside a traced step: no broadcast here (fit's ran before its
+            # first step); the optimizer's variables name the gradients.
+            variables = list(getattr(self, "_trainable_variables", None) or []) or None
+            if variables:
+                _first_update.check_traced(self, variables, settings.local_ids,
+                                           settings.process_set)
         return _backend.reduce_gradients(grads, variables, settings)
 
     def register_local_var(self, var):

@@ -145,3 +145,43 @@ def split_local(grads, variables, settings, size, scale_local):
             continue
         shared.append(i)
     return out, shared
+
+
+def gradient_name(variables, indices):
+    """The engine name of the group of gradients `indices`: from the first
+    variable's path, so that it is the same on every rank and every step
+    (and the engine's cache hits); `None` (numbered per call) without."""
+    if variables is None:
+        return None
+    path = getattr(variables[indices[0]], "path", None)
+    return f"keras.grads.{path}.{len(indices)}" if path else None
+
+
+def binding_compressor(compression, binding_compression):
+    """The binding's compressor (`binding_compression`, its `Compression`)
+    for Horovod's standard ones, those of `kerasdist.Compression` or of any
+    binding; any other is used as given."""
+    if getattr(compression, "__module__", "").startswith("kerasdist."):
+        kinds = {"NoneCompressor": binding_compression.none,
+                 "FP16Compressor": binding_compression.fp16,
+                 "BF16Compressor": binding_compression.bf16}
+        return kinds.get(compression.__name__, compression)
+    return compression
+
+
+def grouped_plan(grads, variables, settings):
+    """For a backend that reduces its gradients in groups (torch, JAX):
+    `(out, plan)`, where `out` is `grads` with the local gradients final
+    (divided by the size) and `plan` lists the groups of indices to reduce
+    (one group of all of them unless `settings.groups` splits them; none on
+    one rank)."""
+    grads = list(grads)
+    size = settings.size()
+    if size == 1:
+        return grads, []
+    out, shared = split_local(grads, variables, settings, size, lambda g, n: g / n)
+    if not shared:
+        return out, []
+    if settings.groups is None:
+        return out, [shared]
+    return out, group_plan(shared, variables, settings.groups)

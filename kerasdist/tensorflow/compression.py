@@ -1,34 +1,23 @@
-"""Gradient compression for the wire, with Horovod's interface."""
+"""Gradient compression for the wire, with Horovod's interface
+(`Compression.none`, `fp16`, `bf16`)."""
 
 import tensorflow as tf
 
-from kerasdist.common.compression import Compressor, NoneCompressor  # noqa: F401
+from kerasdist.common.compression import (CastCompressor, Compressor,  # noqa: F401
+                                          NoneCompressor, standard_compressions)
 
 
-class _CastCompressor(Compressor):
-    wire_dtype = None
-
-    @classmethod
-    def compress(cls, tensor):
-        if tensor.dtype.is_floating and tensor.dtype != cls.wire_dtype:
-            return tf.cast(tensor, cls.wire_dtype), tensor.dtype
-        return tensor, None
+class _Cast(CastCompressor):
+    @staticmethod
+    def is_floating(tensor):
+        return tensor.dtype.is_floating
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tf.cast(tensor, ctx)
+    def cast(tensor, dtype):
+        return tf.cast(tensor, dtype)
 
 
-class FP16Compressor(_CastCompressor):
-    """Sends floating-point tensors as float16 and casts them back."""
-
-    wire_dtype = tf.float16
-
-
-class BF16Compressor(_CastCompressor):
-    """Sends floating-point tensors as bfloat16 and casts them back."""
-
-    wire_dtype = tf.bfloat16
+FP16Compressor, BF16Compressor = standard_compressions(_Cast, tf.float16, tf.bfloat16)
 
 
 class Compression:

@@ -1,34 +1,23 @@
-"""Gradient compression for the wire, with Horovod's interface."""
+"""Gradient compression for the wire, with Horovod's interface
+(`Compression.none`, `fp16`, `bf16`)."""
 
 import torch
 
-from kerasdist.common.compression import Compressor, NoneCompressor  # noqa: F401
+from kerasdist.common.compression import (CastCompressor, Compressor,  # noqa: F401
+                                          NoneCompressor, standard_compressions)
 
 
-class _CastCompressor(Compressor):
-    wire_dtype = None
-
-    @classmethod
-    def compress(cls, tensor):
-        if tensor.dtype.is_floating_point and tensor.dtype != cls.wire_dtype:
-            return tensor.to(cls.wire_dtype), tensor.dtype
-        return tensor, None
+class _Cast(CastCompressor):
+    @staticmethod
+    def is_floating(tensor):
+        return tensor.dtype.is_floating_point
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tensor.to(ctx)
+    def cast(tensor, dtype):
+        return tensor.to(dtype)
 
 
-class FP16Compressor(_CastCompressor):
-    """Sends floating-point tensors as float16 and casts them back."""
-
-    wire_dtype = torch.float16
-
-
-class BF16Compressor(_CastCompressor):
-    """Sends floating-point tensors as bfloat16 and casts them back."""
-
-    wire_dtype = torch.bfloat16
+FP16Compressor, BF16Compressor = standard_compressions(_Cast, torch.float16, torch.bfloat16)
 
 
 class Compression:
