@@ -223,7 +223,9 @@ def _broadcast_fwd(x, name, root, root_in_job, set_id):
 
 def _broadcast_bwd(name, root, root_in_job, set_id, _, grad):
     avg = _allreduce_impl([grad], name + ".grad", Average, set_id, 1.0, 1.0)[0]
-    return (avg if context.rank == root_in_job else jnp.zeros_like(avg),)
+    # `* 0` as Horovod: the result stays used (XLA keeps the allreduce that
+    # the root's program needs) and becomes zeros.
+    return (avg if context.rank == root_in_job else avg * jnp.zeros((), avg.dtype),)
 
 
 _broadcast_d.defvjp(_broadcast_fwd, _broadcast_bwd)
@@ -297,9 +299,11 @@ def grouped_allreduce(tensors, op=Average, name=None, process_set=global_process
         return []
     for x in xs:
         _check(x, "grouped_allreduce", op)
-    name = _name("grouped_allreduce", name, set_id, any(_traced(x) for x in xs))
-    return list(_allreduce_d(xs, name, op, set_id, float(prescale_factor),
-                             float(postscale_factor)))
+    traced = any(_traced(x) for x in xs)
+    name = _name("grouped_allreduce", name, set_id, traced)
+    # Concrete inputs carry no gradient: skip custom_vjp's eager overhead.
+    fn = _allreduce_d if traced else _allreduce_impl
+    return list(fn(xs, name, op, set_id, float(prescale_factor), float(postscale_factor)))
 
 
 def allreduce(tensor, op=Average, name=None, process_set=global_process_set,
@@ -322,8 +326,8 @@ def allreduce(tensor, op=Average, name=None, process_set=global_process_set,
     x = _array(tensor)
     _check(x, "allreduce", op)
     name = _name("allreduce", name, set_id, _traced(x))
-    return _allreduce_d((x,), name, op, set_id, float(prescale_factor),
-                        float(postscale_factor))[0]
+    fn = _allreduce_d if _traced(x) else _allreduce_impl
+    return fn((x,), name, op, set_id, float(prescale_factor), float(postscale_factor))[0]
 
 
 def _is_key(x):
@@ -353,6 +357,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
         return jax.random.wrap_key_data(data, impl=impl)
     _check(x, "broadcast")
     name = _name("broadcast", name, set_id, _traced(x))
+    if not _traced(x):
+        return _broadcast_impl(x, name, root, set_id)
     return _broadcast_d(x, name, root, root_rank, set_id)
 
 
@@ -379,7 +385,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
         raise ValueError("allgather requires an array with at least one dimension. "
                          "Received a scalar; reshape it to [1].")
     name = _name("allgather", name, set_id, _traced(x))
-    return _allgather_d(x, name, set_id)
+    return (_allgather_d if _traced(x) else _allgather_impl)(x, name, set_id)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -405,7 +411,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     if splits is not None:
         splits = tuple(int(s) for s in np.asarray(splits).reshape(-1))
     name = _name("alltoall", name, set_id, _traced(x))
-    out, received = _alltoall_d(x, splits, name, set_id)
+    out, received = (_alltoall_d if _traced(x) else _alltoall_impl)(x, splits, name, set_id)
     return out if splits is None else (out, received)
 
 
@@ -421,8 +427,8 @@ def reducescatter(tensor, op=Average, name=None, process_set=global_process_set,
     x = _array(tensor)
     _check(x, "reducescatter", op)
     name = _name("reducescatter", name, set_id, _traced(x))
-    return _reducescatter_d(x, name, op, set_id, float(prescale_factor),
-                            float(postscale_factor))
+    fn = _reducescatter_d if _traced(x) else _reducescatter_impl
+    return fn(x, name, op, set_id, float(prescale_factor), float(postscale_factor))
 
 
 def barrier(process_set=global_process_set):

@@ -8,8 +8,10 @@
 //
 // The engine calls `Done` on its own thread. XLA runs the program's next
 // thunks inside Promise::SetAvailable() on the thread that completes the
-// promise, so `Done` only queues the call; one completer thread of this
-// library fulfils the promises, holding no lock while it does.
+// promise, so there `Done` only queues the call; one completer thread of
+// this library fulfils the promises, holding no lock while it does. A batch
+// that finishes within the engine's spin while the handler waits inline
+// (KERASDIST_INLINE) is completed on the handler's own XLA thread.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -51,6 +53,7 @@ struct Call {
   std::vector<int32_t> received; // alltoall: rows from each rank
   int32_t code = KERASDIST_OK;
   std::string message;
+  std::thread::id enqueuer;  // the XLA thread that ran the handler
 };
 
 ffi::ErrorCode ToErrorCode(int32_t code) {
@@ -155,7 +158,14 @@ void Done(void* user, int32_t code, const char* message) {
   auto* c = static_cast<Call*>(user);
   c->code = code;
   c->message = message ? message : "";
-  TheCompleter()->Push(c);
+  // On the handler's own XLA thread (the engine finished the batch while
+  // kerasdist_enqueue waited inline, or refused it): complete here, before
+  // the handler returns its future. From an engine thread: hand over.
+  if (std::this_thread::get_id() == c->enqueuer) {
+    Fulfil(c);
+  } else {
+    TheCompleter()->Push(c);
+  }
 }
 
 // The engine's allocation callback for allgather and alltoall: XLA's output
@@ -249,9 +259,12 @@ ffi::Future Enqueue(Call* c, const char* group_name) {
     c->requests[0].name = c->dim0_name.c_str();
   }
   // The engine copies names and shapes; Done may run (and free c) before
-  // kerasdist_enqueue returns.
+  // kerasdist_enqueue returns. KERASDIST_INLINE: when the engine is idle,
+  // wait up to its spin for the batch on this thread, as TensorFlow's
+  // kernels do, which saves the hand-over to the completer thread.
+  c->enqueuer = std::this_thread::get_id();
   kerasdist_enqueue(c->requests.data(), static_cast<int32_t>(c->requests.size()), group_name,
-                    0, &Done, c);
+                    KERASDIST_INLINE, &Done, c);
   return future;
 }
 
