@@ -97,6 +97,10 @@ def check_grouped_scales_steps_and_aliasing():
     for s in range(60):
         same(step(jnp.full((257,), float(r + 1)), float(s)),
              np.full(257, s * n * (n + 1) / 2 + 1.0), f"step {s}")
+    # Under vmap the batch is reduced as one array (elementwise ops).
+    batched = jnp.stack([jnp.full((5,), float(r + b)) for b in range(3)])
+    got = jax.jit(jax.vmap(lambda a: kd.allreduce(a, op=kd.Sum, name="vmapped")))(batched)
+    same(got, np.stack([np.full(5, n * (n - 1) / 2 + n * b) for b in range(3)]), "vmap")
     # Donated input: XLA may reduce in place (input/output aliasing).
     donate = jax.jit(lambda x: kd.allreduce(x, op=kd.Max, name="donated"), donate_argnums=0)
     for s in range(3):
