@@ -12,7 +12,8 @@ Two levels, every configuration in one run:
   `jax.jit` (an XLA FFI custom call), `jax.lax.psum` in a jitted
   `jax.shard_map` over `jax.distributed` with
   `jax_cpu_collectives_implementation="gloo"` (its coordinator on
-  127.0.0.1), MPICH's `MPI_Allreduce` (mpi4py) and a local memcpy. Per
+  127.0.0.1), kerasdist's again with the input donated (`donate_argnums`,
+  so XLA reduces in the input's buffer), MPICH's `MPI_Allreduce` (mpi4py) and a local memcpy. Per
   size, blocks rotate the methods' order; a rank's time is its smallest
   block median, the reported time the largest over ranks. Bus bandwidth is
   `bytes * 2(N-1)/N / time`. Each JAX call includes its dispatch and the
@@ -41,7 +42,7 @@ sys.path.insert(0, HERE)
 from keras_synthetic import MODELS  # noqa: E402
 from torch_ddp import KIB, SIZES, Runner, busbw, parse_size  # noqa: E402
 
-METHODS = ("kerasdist", "gloo", "MPICH", "memcpy")
+METHODS = ("kerasdist", "kd donated", "gloo", "MPICH", "memcpy")
 LABELS = {"kd": "kerasdist", "dp": "DataParallel (gloo)", "plain": "plain np=1"}
 
 
@@ -66,6 +67,11 @@ def collectives_worker(args):
     gloo = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh,
                                  in_specs=P("x"), out_specs=P("x")))
     mine = jax.jit(lambda a: kd.allreduce(a, op=kd.Sum, name="bench"))
+    # Donated: XLA reduces in the input's buffer (Max keeps the values, so
+    # each call's output is the next one's input).
+    donated = jax.jit(lambda a: kd.allreduce(a, op=kd.Max, name="bench.donated"),
+                      donate_argnums=0)
+    chain = {}
     results = []
     for nbytes in args.sizes:
         n = nbytes // 4
@@ -73,8 +79,15 @@ def collectives_worker(args):
         local = jax.device_put(src, jax.local_devices()[0])
         spread = jax.make_array_from_process_local_data(sharding, src)
         iters = max(3, min(200, int(64 * 1024 * 1024 / max(nbytes, 1) // 4) + 3))
+        chain["x"] = jax.device_put(src, jax.local_devices()[0])
+
+        def run_donated():
+            chain["x"] = donated(chain["x"])
+            chain["x"].block_until_ready()
+
         ops = {
             "kerasdist": lambda: mine(local).block_until_ready(),
+            "kd donated": run_donated,
             "gloo": lambda: gloo(spread).block_until_ready(),
             "MPICH": lambda: comm.Allreduce(src, dst, op=MPI.SUM),
             "memcpy": lambda: np.copyto(dst, src),
@@ -85,7 +98,8 @@ def collectives_worker(args):
         assert got[0] == size, "gloo: wrong sum"
         best = {m: float("inf") for m in METHODS}
         for block in range(args.blocks):
-            order = METHODS[block % 4:] + METHODS[:block % 4]
+            k = block % len(METHODS)
+            order = METHODS[k:] + METHODS[:k]
             for m in order:
                 comm.Barrier()
                 samples = []
@@ -138,12 +152,13 @@ def report(args, coll, models):
     n = args.np
     print(f"\nAllreduce (float32 sum of a jitted function's input), np={n}: time (us) "
           "and bus GB/s")
-    print("| size | kerasdist jit us | gloo jit us | MPICH us | memcpy us | kd GB/s | "
-          "gloo GB/s | MPICH GB/s | kd/gloo speed | kd/MPICH speed |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| size | kerasdist jit us | kd donated us | gloo jit us | MPICH us | memcpy us | "
+          "kd GB/s | gloo GB/s | MPICH GB/s | kd/gloo speed | kd/MPICH speed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in coll:
         s, b = r["seconds"], r["bytes"]
-        print(f"| {b // KIB} KiB | {s['kerasdist'] * 1e6:.0f} | {s['gloo'] * 1e6:.0f} | "
+        print(f"| {b // KIB} KiB | {s['kerasdist'] * 1e6:.0f} | {s['kd donated'] * 1e6:.0f} | "
+              f"{s['gloo'] * 1e6:.0f} | "
               f"{s['MPICH'] * 1e6:.0f} | {s['memcpy'] * 1e6:.0f} | "
               f"{busbw(b, s['kerasdist'], n):.2f} | {busbw(b, s['gloo'], n):.2f} | "
               f"{busbw(b, s['MPICH'], n):.2f} | {s['gloo'] / s['kerasdist']:.2f} | "
@@ -166,7 +181,7 @@ def plot(path, args, coll, models):
     fig, axes = plt.subplots(1, 2 if models else 1, figsize=(12 if models else 6, 4.5))
     axes = np.atleast_1d(axes)
     sizes = [r["bytes"] for r in coll]
-    for m in ("kerasdist", "gloo", "MPICH"):
+    for m in ("kerasdist", "kd donated", "gloo", "MPICH"):
         axes[0].plot(sizes, [busbw(r["bytes"], r["seconds"][m], args.np) for r in coll],
                      marker="o", label=m)
     axes[0].set(xscale="log", xlabel="bytes", ylabel="bus GB/s",
