@@ -19,7 +19,17 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VERSION = "0.1.0"
+
+
+def _version():
+    """The version declared in pyproject.toml (the project's metadata)."""
+    import tomllib
+
+    with open(os.path.join(HERE, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+VERSION = _version()
 
 
 def _fail(msg):
@@ -233,15 +243,8 @@ class BuildOps(build_ext):
                 f.write(info)
 
 
+# The metadata and extras are in pyproject.toml; this adds the native build.
 setup(
-    name="kerasdist",
-    version=VERSION,
-    description="Distributed data-parallel training for Keras 3 on TensorFlow",
-    long_description=open(os.path.join(HERE, "README.md")).read()
-    if os.path.exists(os.path.join(HERE, "README.md"))
-    else "",
-    long_description_content_type="text/markdown",
-    python_requires=">=3.10",
     packages=["kerasdist", "kerasdist.callbacks", "kerasdist.common",
               "kerasdist.tensorflow", "kerasdist.torch", "kerasdist.torch.elastic", "kerasdist.jax",
               "kerasdist._keras", "kerasdist.runner"],
@@ -252,8 +255,4 @@ setup(
                   language="c++")
     ],
     cmdclass={"build_ext": BuildOps},
-    install_requires=["mpi4py>=4", "numpy", "cloudpickle"],
-    extras_require={"tfds": ["tensorflow-datasets", "importlib_resources"],
-                    "torch": ["torch>=2.1"], "jax": ["jax>=0.10.2"]},
-    entry_points={"console_scripts": ["kerasdist-run=kerasdist.runner.cli:main"]},
 )
