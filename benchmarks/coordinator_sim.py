@@ -2,8 +2,8 @@
 
 Compiles benchmarks/coordinator_sim.cc together with the core's coordinator,
 message codec, common and clock files (no TensorFlow, no MPI), runs it, prints
-a table, and writes benchmarks/results/coordinator_sim.json and a log-log plot
-benchmarks/results/coordinator_sim.png. See README.md, "Cost at scale".
+a table, and writes benchmarks/results/coordinator_sim/coordinator_sim.json and a log-log plot
+benchmarks/results/coordinator_sim/coordinator_sim.png. See README.md, "Cost at scale".
 
     python benchmarks/coordinator_sim.py [--ranks 8,16,...,1024] [--steps 50]
         [--tensors 200] [--fusion-bytes B] [--save-before] [--no-plot]
@@ -184,9 +184,12 @@ def main(argv=None):
     p.add_argument("--check-steps", type=int, default=5)
     p.add_argument("--fusion-bytes", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--json", default=os.path.join(RESULTS, "coordinator_sim.json"))
-    p.add_argument("--png", default=os.path.join(RESULTS, "coordinator_sim.png"))
-    p.add_argument("--before", default=os.path.join(RESULTS, "coordinator_sim_before.json"),
+    # Default outputs go to results/local/ (not committed), so that a run
+    # never overwrites a recorded one.
+    p.add_argument("--json", default=os.path.join(RESULTS, "local", "coordinator_sim.json"))
+    p.add_argument("--png", default=os.path.join(RESULTS, "local", "coordinator_sim.png"))
+    p.add_argument("--before", default=os.path.join(RESULTS, "coordinator_sim",
+                                                 "coordinator_sim_before.json"),
                    help="earlier results to overlay in the plot (if the file exists)")
     p.add_argument("--save-before", action="store_true",
                    help="write the results to --before instead of --json (no plot)")

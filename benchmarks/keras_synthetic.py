@@ -98,8 +98,8 @@ The machine is shared: run the full benchmark under
 run is recorded. `--quick` is a smoke test (few steps, small batches, and
 by default only `mnist` and `embedding`); its numbers mean nothing.
 
-Output: a markdown table on stdout, `benchmarks/results/keras_synthetic.json`
-and `benchmarks/results/keras_synthetic.png` (or `--json`, `--png`).
+Output: a markdown table on stdout, `benchmarks/results/keras_synthetic/keras_synthetic.json`
+and `benchmarks/results/keras_synthetic/keras_synthetic.png` (or `--json`, `--png`).
 """
 
 import argparse
@@ -379,8 +379,10 @@ def main(argv=None):
     p.add_argument("--steps", type=int, help="measured steps per run (default: per model)")
     p.add_argument("--warmup", type=int, help="warm-up steps per run, >= 1 (default: per model)")
     p.add_argument("--quick", action="store_true", help="tiny smoke run; numbers mean nothing")
-    p.add_argument("--json", default=os.path.join(RESULTS, "keras_synthetic.json"))
-    p.add_argument("--png", default=os.path.join(RESULTS, "keras_synthetic.png"))
+    # Default outputs go to results/local/ (not committed), so that a run
+    # never overwrites a recorded one.
+    p.add_argument("--json", default=os.path.join(RESULTS, "local", "keras_synthetic.json"))
+    p.add_argument("--png", default=os.path.join(RESULTS, "local", "keras_synthetic.png"))
     p.add_argument("--repeats", type=int, default=1,
                    help="run every config this many times (rounds interleaved), keep the "
                         "fastest; all are in the JSON (default 1)")

@@ -10,8 +10,8 @@ hierarchical allreduce (=1) and MPICH's `MPI_Allreduce` through mpi4py, on
 the same hosts in the same job. It reports bus bandwidth 2(N-1)/N * S / t,
 the ratios kd/MPICH, and the bytes each host sends to other hosts per
 allreduce (its eth0 counters around the timed loop / iterations). Prints
-markdown tables, writes benchmarks/results/multihost.json and
-benchmarks/results/multihost.png. Only namespaces made by tests/hosts.py
+markdown tables, writes benchmarks/results/multihost/multihost.json and
+benchmarks/results/multihost/multihost.png. Only namespaces made by tests/hosts.py
 carry traffic; nothing is routed out of them.
 """
 
@@ -131,7 +131,7 @@ def main():
     p.add_argument("--rates", nargs="+", default=["none", "10gbit", "1gbit"])
     p.add_argument("--quick", action="store_true", help="Shorter timed loops.")
     p.add_argument("--job-timeout", type=float, default=400)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "multihost"),
+    p.add_argument("--out", default=os.path.join(HERE, "results", "local", "multihost"),
                    help="Path prefix of the .json and .png results.")
     args = p.parse_args()
     reason = hosts.unavailable_reason()
