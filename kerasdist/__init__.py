@@ -1,4 +1,5 @@
-"""kerasdist: distributed data-parallel training for Keras 3 and TensorFlow.
+"""kerasdist: distributed data-parallel training for Keras 3, TensorFlow,
+PyTorch and JAX.
 
 Import it as Horovod's Keras module (`import kerasdist as hvd`): the names
 and arguments follow Horovod's.
