@@ -40,7 +40,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     Example:
 
-    >>> model.fit(x, y, epochs=10, callbacks=[
+    >>> model.fit(x, y, epochs=10, callbacks=[  # doctest: +SKIP
     ...     kerasdist.callbacks.BackupAndRestore("/tmp/backup")])
     """
 

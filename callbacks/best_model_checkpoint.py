@@ -24,7 +24,7 @@ class BestModelCheckpoint(ModelCheckpoint):
 
     Example:
 
-    >>> model.fit(x, y, validation_data=(xv, yv), callbacks=[
+    >>> model.fit(x, y, validation_data=(xv, yv), callbacks=[  # doctest: +SKIP
     ...     kerasdist.callbacks.MetricAverageCallback(),
     ...     kerasdist.callbacks.BestModelCheckpoint(filepath="best.keras")])
     """

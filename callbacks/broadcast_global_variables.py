@@ -38,7 +38,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> model.fit(x, y, callbacks=[
+    >>> model.fit(x, y, callbacks=[  # doctest: +SKIP
     ...     kerasdist.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
 

@@ -63,15 +63,15 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> lr = kerasdist.scale_learning_rate(0.0125)
-    >>> callbacks = [
+    >>> lr = kerasdist.scale_learning_rate(0.0125)  # doctest: +SKIP
+    >>> callbacks = [  # doctest: +SKIP
     ...     kerasdist.callbacks.LearningRateWarmupCallback(lr, warmup_epochs=5),
     ...     kerasdist.callbacks.LearningRateScheduleCallback(
     ...         lr, multiplier=1.0, start_epoch=5, end_epoch=30),
     ...     kerasdist.callbacks.LearningRateScheduleCallback(
     ...         lr, multiplier=0.1, start_epoch=30),
     ... ]
-    >>> model.fit(dataset, epochs=40, callbacks=callbacks)
+    >>> model.fit(dataset, epochs=40, callbacks=callbacks)  # doctest: +SKIP
     """
 
     # kerasdist's fit guard: its batch hooks never set `stop_training`.

@@ -49,12 +49,12 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     Example:
 
-    >>> kerasdist.init()
-    >>> lr = kerasdist.scale_learning_rate(0.01)
-    >>> model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")
-    >>> warmup = kerasdist.callbacks.LearningRateWarmupCallback(
+    >>> kerasdist.init()  # doctest: +SKIP
+    >>> lr = kerasdist.scale_learning_rate(0.01)  # doctest: +SKIP
+    >>> model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")  # doctest: +SKIP
+    >>> warmup = kerasdist.callbacks.LearningRateWarmupCallback(  # doctest: +SKIP
     ...     initial_lr=lr, warmup_epochs=3, verbose=1)
-    >>> model.fit(dataset, epochs=10, callbacks=[warmup])
+    >>> model.fit(dataset, epochs=10, callbacks=[warmup])  # doctest: +SKIP
     """
 
     # kerasdist's fit guard: its batch hooks never set `stop_training`.

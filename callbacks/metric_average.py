@@ -55,11 +55,11 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> callbacks = [
+    >>> callbacks = [  # doctest: +SKIP
     ...     kerasdist.callbacks.MetricAverageCallback(),
     ...     keras.callbacks.EarlyStopping(monitor="val_loss", patience=3),
     ... ]
-    >>> model.fit(x, y, validation_data=(vx, vy), callbacks=callbacks)
+    >>> model.fit(x, y, validation_data=(vx, vy), callbacks=callbacks)  # doctest: +SKIP
     """
 
     # kerasdist's fit guard: its batch hooks never set `stop_training`.

@@ -35,13 +35,13 @@ class SyncStopTrainingCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> callbacks = [
+    >>> callbacks = [  # doctest: +SKIP
     ...     kerasdist.callbacks.MetricAverageCallback(),
     ...     keras.callbacks.EarlyStopping(monitor="val_loss", patience=3),
     ...     keras.callbacks.TerminateOnNaN(),
     ...     kerasdist.callbacks.SyncStopTrainingCallback(),  # last
     ... ]
-    >>> model.fit(x, y, validation_data=(vx, vy), callbacks=callbacks)
+    >>> model.fit(x, y, validation_data=(vx, vy), callbacks=callbacks)  # doctest: +SKIP
     """
 
     # It only propagates a value the ranks agreed on.

@@ -31,7 +31,7 @@ class UnevenDataCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> model.fit(dataset, callbacks=[kerasdist.callbacks.UnevenDataCallback(),
+    >>> model.fit(dataset, callbacks=[kerasdist.callbacks.UnevenDataCallback(),  # doctest: +SKIP
     ...     kerasdist.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
 

@@ -30,8 +30,8 @@ def shard_arrays(*arrays, drop_remainder=True):
 
     Example:
 
-    >>> x_train, y_train = kerasdist.data.shard_arrays(x_train, y_train)
-    >>> model.fit(x_train, y_train, batch_size=64)
+    >>> x_train, y_train = kerasdist.data.shard_arrays(x_train, y_train)  # doctest: +SKIP
+    >>> model.fit(x_train, y_train, batch_size=64)  # doctest: +SKIP
     """
     if not arrays:
         raise ValueError("`shard_arrays` needs at least one array.")
@@ -70,9 +70,9 @@ class DistributedSampler:
 
     Example:
 
-    >>> sampler = kerasdist.data.DistributedSampler(train_set, seed=42)
-    >>> loader = torch.utils.data.DataLoader(train_set, batch_size=64, sampler=sampler)
-    >>> for epoch in range(epochs):
+    >>> sampler = kerasdist.data.DistributedSampler(train_set, seed=42)  # doctest: +SKIP
+    >>> loader = torch.utils.data.DataLoader(train_set, batch_size=64, sampler=sampler)  # doctest: +SKIP
+    >>> for epoch in range(epochs):  # doctest: +SKIP
     ...     sampler.set_epoch(epoch)
     ...     model.fit(loader, epochs=1)
     """

@@ -104,7 +104,7 @@ def check_equal_steps(steps, name="steps_per_epoch"):
 
     Example:
 
-    >>> steps = kerasdist.data.check_equal_steps(len(local_files) // 4)
+    >>> steps = kerasdist.data.check_equal_steps(len(local_files) // 4)  # doctest: +SKIP
     """
     steps = _check_int("steps", steps, 0)
     if not isinstance(name, str) or not name:
@@ -151,7 +151,7 @@ def steps_per_epoch(num_examples, per_rank_batch_size, drop_remainder=True):
 
     Example:
 
-    >>> model.fit(kerasdist.data.shard(ds).repeat().batch(32),
+    >>> model.fit(kerasdist.data.shard(ds).repeat().batch(32),  # doctest: +SKIP
     ...           steps_per_epoch=kerasdist.data.steps_per_epoch(60000, 32))
     """
     num_examples = _check_int("num_examples", num_examples, 0)
@@ -212,8 +212,8 @@ def shard_files(file_pattern_or_list, shuffle=True, seed=0, epoch=0):
 
     Example:
 
-    >>> files = kerasdist.data.shard_files("/data/train-*.tfrecord", epoch=0)
-    >>> ds = files.interleave(tf.data.TFRecordDataset,
+    >>> files = kerasdist.data.shard_files("/data/train-*.tfrecord", epoch=0)  # doctest: +SKIP
+    >>> ds = files.interleave(tf.data.TFRecordDataset,  # doctest: +SKIP
     ...                       num_parallel_calls=tf.data.AUTOTUNE)
     """
     files = file_pattern_or_list
@@ -322,10 +322,10 @@ def distribute_dataset(dataset, global_batch_size=None, per_rank_batch_size=None
 
     Example:
 
-    >>> ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-    >>> ds, steps = kerasdist.data.distribute_dataset(
+    >>> ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))  # doctest: +SKIP
+    >>> ds, steps = kerasdist.data.distribute_dataset(  # doctest: +SKIP
     ...     ds, global_batch_size=256, shuffle_buffer=10000, seed=1)
-    >>> model.fit(ds, epochs=3)
+    >>> model.fit(ds, epochs=3)  # doctest: +SKIP
     """
     _check_dataset(dataset)
     n = size()
@@ -412,7 +412,7 @@ def tfds_split(split="train", drop_remainder=True):
 
     Example:
 
-    >>> ds = tfds.load("mnist", split=kerasdist.data.tfds_split("train"))
+    >>> ds = tfds.load("mnist", split=kerasdist.data.tfds_split("train"))  # doctest: +SKIP
     """
     if not isinstance(split, str) or not split:
         raise ValueError(

@@ -48,7 +48,7 @@ class TensorFlowKerasState(State):
 
     Example:
 
-    >>> state = kerasdist.elastic.KerasState(model, batch=0, epoch=0)
+    >>> state = kerasdist.elastic.KerasState(model, batch=0, epoch=0)  # doctest: +SKIP
     """
 
     def __init__(self, model, optimizer=None, backend=None, checkpoint_dir=None,
@@ -124,8 +124,8 @@ class TensorFlowState(State):
 
     Example:
 
-    >>> state = kerasdist.elastic.TensorFlowState(model.variables, batch=0)
-    >>> state.sync()
+    >>> state = kerasdist.elastic.TensorFlowState(model.variables, batch=0)  # doctest: +SKIP
+    >>> state.sync()  # doctest: +SKIP
     """
 
     def __init__(self, variables=None, session=None, checkpoint_dir=None, **kwargs):

@@ -108,3 +108,12 @@ def test_the_readme_is_a_short_guide():
     assert text.count("\n") <= 250
     for leak in ("../shared", "no internet", "issue "):
         assert leak not in text, leak
+
+
+def test_docstring_examples_run_or_are_marked():
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "docstring_examples.py")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, PYTHONWARNINGS="ignore",
+                                   TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("\nran ") + proc.stdout.startswith("ran ") >= 10, proc.stdout

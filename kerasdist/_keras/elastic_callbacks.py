@@ -18,7 +18,7 @@ class CommitStateCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> kerasdist.elastic.CommitStateCallback(state, batches_per_commit=10)
+    >>> kerasdist.elastic.CommitStateCallback(state, batches_per_commit=10)  # doctest: +SKIP
     """
 
     _kerasdist_never_stops = True

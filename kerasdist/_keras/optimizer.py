@@ -191,8 +191,8 @@ def DistributedOptimizer(
 
     Example:
 
-    >>> opt = kerasdist.DistributedOptimizer(keras.optimizers.Adam(1e-3))
-    >>> model.compile(optimizer=opt, loss="mse")
+    >>> opt = kerasdist.DistributedOptimizer(keras.optimizers.Adam(1e-3))  # doctest: +SKIP
+    >>> model.compile(optimizer=opt, loss="mse")  # doctest: +SKIP
     """
     check_initialized()
     _backend.check_supported("DistributedOptimizer")
@@ -264,7 +264,7 @@ def PartialDistributedOptimizer(optimizer, name=None, compression=Compression.no
 
     Example:
 
-    >>> opt = kerasdist.PartialDistributedOptimizer(
+    >>> opt = kerasdist.PartialDistributedOptimizer(  # doctest: +SKIP
     ...     keras.optimizers.SGD(0.1), local_layers=[model.get_layer("head")])
     """
     optimizer = DistributedOptimizer(
@@ -305,7 +305,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
 
     Example:
 
-    >>> model = kerasdist.load_model("ckpt.keras")
+    >>> model = kerasdist.load_model("ckpt.keras")  # doctest: +SKIP
     """
     check_initialized()
     objects = dict(custom_objects or {})

@@ -105,11 +105,11 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
 
     Example:
 
-    >>> with tf.GradientTape() as tape:
+    >>> with tf.GradientTape() as tape:  # doctest: +SKIP
     ...     loss = loss_fn(y, model(x, training=True))
-    >>> tape = kerasdist.DistributedGradientTape(tape)
-    >>> grads = tape.gradient(loss, model.trainable_variables)
-    >>> optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    >>> tape = kerasdist.DistributedGradientTape(tape)  # doctest: +SKIP
+    >>> grads = tape.gradient(loss, model.trainable_variables)  # doctest: +SKIP
+    >>> optimizer.apply_gradients(zip(grads, model.trainable_variables))  # doctest: +SKIP
     """
     check_initialized()
     del device_dense, device_sparse
@@ -146,7 +146,7 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
 
     Example:
 
-    >>> tape = kerasdist.PartialDistributedGradientTape(
+    >>> tape = kerasdist.PartialDistributedGradientTape(  # doctest: +SKIP
     ...     tape, local_layers=[model.get_layer("head")])
     """
     tape = DistributedGradientTape(

@@ -45,7 +45,7 @@ def allgather_object(obj, session=None, name=None, process_set=None):
 
     Example:
 
-    >>> hosts = kerasdist.allgather_object(socket.gethostname())
+    >>> hosts = kerasdist.allgather_object(socket.gethostname())  # doctest: +SKIP
 
     Raises:
         RuntimeError: If kerasdist is not initialized, or the collective

@@ -115,7 +115,7 @@ def allreduce(
 
     Example:
 
-    >>> kerasdist.allreduce(tf.constant([1.0, 2.0]), op=kerasdist.Sum)
+    >>> kerasdist.allreduce(tf.constant([1.0, 2.0]), op=kerasdist.Sum)  # doctest: +SKIP
     """
     check_initialized()
     del device_dense, device_sparse, ignore_name_scope

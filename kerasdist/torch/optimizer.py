@@ -302,9 +302,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         Example:
 
-        >>> optimizer.synchronize()
-        >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        >>> with optimizer.skip_synchronize():
+        >>> optimizer.synchronize()  # doctest: +SKIP
+        >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # doctest: +SKIP
+        >>> with optimizer.skip_synchronize():  # doctest: +SKIP
         ...     optimizer.step()
         """
         self._should_synchronize = False
@@ -381,8 +381,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     Example:
 
-    >>> optimizer = torch.optim.Adam(model.parameters(), lr=1e-3 * hvd.size())
-    >>> optimizer = hvd.DistributedOptimizer(
+    >>> optimizer = torch.optim.Adam(model.parameters(), lr=1e-3 * hvd.size())  # doctest: +SKIP
+    >>> optimizer = hvd.DistributedOptimizer(  # doctest: +SKIP
     ...     optimizer, named_parameters=model.named_parameters())
     """
     if num_groups:

@@ -29,7 +29,7 @@ class TorchState(State):
 
     Example:
 
-    >>> state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
+    >>> state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)  # doctest: +SKIP
     """
 
     def __init__(self, model=None, optimizer=None, checkpoint_dir=None, **kwargs):
