@@ -9,7 +9,9 @@
   `kerasdist.jax`;
 - reference/cli.md: `kerasdist-run --help`;
 - reference/configuration.md: the table of the `KERASDIST_*` environment
-  variables (kerasdist/common/env_vars.py).
+  variables (kerasdist/common/env_vars.py);
+- performance.md, between its markers: the newest result of each benchmark
+  (benchmarks/results/), by the date the result records.
 
 tests/test_docs.py runs `--check`, so a page that drifts from the code fails
 the tests.
@@ -122,8 +124,75 @@ def configuration_page():
             + NOTES + "\n")
 
 
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+BEGIN, END = "<!-- generated: newest results -->", "<!-- end of generated -->"
+
+
+def _newest(folder, pattern, want):
+    """The newest result file of `folder` matching `pattern` whose record
+    passes `want(record)`, by the date it records: (name, record, date)."""
+    import fnmatch
+    import json
+
+    best = None
+    for name in os.listdir(os.path.join(RESULTS, folder)):
+        if not fnmatch.fnmatch(name, pattern):
+            continue
+        with open(os.path.join(RESULTS, folder, name)) as f:
+            record = json.load(f)
+        date = record.get("date") or record.get("machine", {}).get("date", "")
+        if want(record) and (best is None or date > best[2]):
+            best = (name, record, date)
+    return best
+
+
+def _span(values):
+    return f"{min(values):.2f}–{max(values):.2f}" if values else "n/a"
+
+
+def performance_summary():
+    rows = []
+    found = _newest("allreduce", "allreduce_np2_*.json",
+                    lambda r: all("kd_fn_s" in x and "mpich_s" in x for x in r.get("sizes", [])))
+    if found:
+        name, rec, date = found
+        ratios = [x["mpich_s"] / x["kd_fn_s"] for x in rec["sizes"]]
+        rows.append((date[:10], "allreduce in a `tf.function`, np=2, one host",
+                     "MPICH's `MPI_Allreduce`",
+                     f"{_span(ratios)}× its speed over {len(ratios)} sizes "
+                     f"(≥ 1 at {sum(r >= 1 for r in ratios)})", f"allreduce/{name}"))
+    for folder, pattern, peer, what in (
+            ("torch", "torch_ddp_np2_*.json", "gloo", "`kerasdist.torch` allreduce, np=2"),
+            ("jax", "jax_*np2*.json", "gloo", "`kerasdist.jax` allreduce inside `jax.jit`, np=2")):
+        found = _newest(folder, pattern, lambda r: bool(r.get("collectives")))
+        if found:
+            name, rec, date = found
+            ratios = [c["seconds"][peer] / c["seconds"]["kerasdist"] for c in rec["collectives"]]
+            rows.append((date[:10], what, f"`{peer}` in the same run",
+                         f"{_span(ratios)}× its speed, 4 KiB–64 MiB", f"{folder}/{name}"))
+    for folder, pattern, peer, label, what in (
+            ("torch", "torch_ddp_*np2*.json", "ddp", "DDP over gloo", "PyTorch models, np=2"),
+            ("jax", "jax_keras_np2*.json", "dp", "`keras.distribution.DataParallel`",
+             "Keras on JAX, np=2")):
+        found = _newest(folder, pattern, lambda r: bool(r.get("models")))
+        if found:
+            name, rec, date = found
+            per = ", ".join(f"{m['model']} {m['kd'] / m[peer]:.2f}" for m in rec["models"])
+            rows.append((date[:10], what, label, f"samples/s ratio: {per}", f"{folder}/{name}"))
+    table = "".join(f"| {d} | {w} | {c} | {r} | `{f}` |\n" for d, w, c, r, f in rows)
+    return ("| date | what | compared with | result | file (`benchmarks/results/`) |\n"
+            "| --- | --- | --- | --- | --- |\n" + table)
+
+
+def performance_page():
+    path = os.path.join(DOCS, "performance.md")
+    text = open(path).read()
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[:a] + "\n" + performance_summary() + text[b:]
+
+
 PAGES = {"reference/api.md": api_page, "reference/cli.md": cli_page,
-         "reference/configuration.md": configuration_page}
+         "reference/configuration.md": configuration_page, "performance.md": performance_page}
 
 
 def main():
