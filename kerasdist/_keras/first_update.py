@@ -145,7 +145,10 @@ def check_traced(optimizer, variables, local_ids=(), process_set=None):
         return
     shared = [v for v in variables if id(v) not in local_ids]
     state["_kerasdist_sync_vars"] = shared
-    if all(was_broadcast(v) for v in shared):
+    need = 0 if all(was_broadcast(v) for v in shared) else 1
+    # Every rank takes the same path: the digests' allgather is a collective.
+    if not int(_backend.allreduce_scalar(np.int32(need), Max,
+                                         "kerasdist.first_update.traced", process_set)):
         return
     _warn_if_replicas_differ(
         shared, process_set,

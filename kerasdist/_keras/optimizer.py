@@ -20,7 +20,7 @@ from kerasdist._keras import fit_guard as _fit_guard
 from kerasdist._keras import settings as _settings
 from kerasdist._keras.compression import Compression
 from kerasdist.common.context import check_initialized
-from kerasdist.common.reduce_ops import Average
+from kerasdist.common.reduce_ops import Adasum, Average
 
 
 class _DistributedMixin:
@@ -207,6 +207,10 @@ def DistributedOptimizer(
             "Invalid value for argument `backward_passes_per_step`. Expected "
             f"an integer >= 1. Received: {backward_passes_per_step!r}"
         )
+    if op == Adasum and _backend.name() == "jax":
+        raise NotImplementedError(
+            "`DistributedOptimizer(op=kerasdist.Adasum)` is not supported on the JAX "
+            "backend yet. Use op=kerasdist.Average or kerasdist.Sum.")
     group_spec = _settings.resolve_groups(num_groups, groups)
     _settings.make_settings(op, gradient_predivide_factor, compression,
                           sparse_as_dense, process_set=process_set)  # validates

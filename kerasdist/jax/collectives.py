@@ -74,8 +74,10 @@ def _op(op, what):
 
 def _name(kind, name, set_id, traced):
     if name is None:
-        kind = f"jax.{kind}" + (f".set{set_id}" if set_id else "")
-        # Inside jit a name is baked into the program, so it never repeats.
+        # Inside jit a name is baked into the program, so it never repeats,
+        # and it has its own counter: an eager call (whose names cycle) can
+        # never take the name of a jitted one still queued or in flight.
+        kind = f"jax.{kind}" + (".jit" if traced else "") + (f".set{set_id}" if set_id else "")
         return context.next_name(kind, pooled=not traced)
     if not isinstance(name, str) or not name:
         raise TypeError("Invalid value for argument `name`. Expected a non-empty str or "
@@ -147,7 +149,7 @@ def _alltoall_impl(x, splits, name, set_id):
 
 def _rows(dim0, set_id):
     rank, size = _sets.rank_size(set_id)
-    return dim0 // size + (1 if rank < dim0 % size else 0)
+    return _block_rows(rank, size, dim0)
 
 
 def _reducescatter_impl(x, name, op, set_id, pre, post):
@@ -176,7 +178,14 @@ def _allreduce_fwd(xs, name, op, set_id, pre, post):
 
 
 def _allreduce_bwd(name, op, set_id, pre, post, _, grads):
-    return (tuple(_allreduce_impl(grads, name + ".grad", op, set_id, pre, post)),)
+    # Integer outputs have float0 cotangents (no gradient): left as they are.
+    real = [i for i, g in enumerate(grads) if g.dtype != jax.dtypes.float0]
+    out = list(grads)
+    if real:
+        reduced = _allreduce_impl([grads[i] for i in real], name + ".grad", op, set_id, pre, post)
+        for i, r in zip(real, reduced):
+            out[i] = r
+    return (tuple(out),)
 
 
 _allreduce_d.defvjp(_allreduce_fwd, _allreduce_bwd)
@@ -256,12 +265,30 @@ def _reducescatter_d(x, name, op, set_id, pre, post):
 
 
 def _reducescatter_fwd(x, name, op, set_id, pre, post):
-    return _reducescatter_d(x, name, op, set_id, pre, post), None
+    # The residual's shape carries the input's first dimension.
+    return (_reducescatter_d(x, name, op, set_id, pre, post),
+            jnp.zeros((x.shape[0], 0), jnp.float32))
 
 
-def _reducescatter_bwd(name, op, set_id, pre, post, _, grad):
+def _block_rows(q, size, dim0):
+    """Rank q's rows of a reducescatter of `dim0` rows over `size` ranks."""
+    return dim0 // size + (1 if q < dim0 % size else 0)
+
+
+def _reducescatter_bwd(name, op, set_id, pre, post, residual, grad):
     scale = pre * post * (_set_size(set_id) if op == Sum else 1)
-    return (_allgather_impl(grad * jnp.asarray(scale, grad.dtype), name + ".grad", set_id),)
+    grad = grad * jnp.asarray(scale, grad.dtype)
+    if not _traced(grad):
+        return (_allgather_impl(grad, name + ".grad", set_id),)
+    # Inside jit the allgather takes equal pieces: pad every rank's block to
+    # the largest (rank 0's), gather, and keep each rank's own rows.
+    size, dim0 = _set_size(set_id), residual.shape[0]
+    most = _block_rows(0, size, dim0)
+    padded = jnp.pad(grad, [(0, most - grad.shape[0])] + [(0, 0)] * (grad.ndim - 1))
+    gathered = _allgather_impl(padded, name + ".grad", set_id)
+    pieces = [jax.lax.slice_in_dim(gathered, q * most, q * most + _block_rows(q, size, dim0))
+              for q in range(size)]
+    return (jnp.concatenate(pieces, axis=0),)
 
 
 _reducescatter_d.defvjp(_reducescatter_fwd, _reducescatter_bwd)

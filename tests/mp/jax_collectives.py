@@ -190,6 +190,17 @@ def check_gradients():
         g = run(mode, jax.grad(lambda x: (kd.reducescatter(x, op=kd.Sum, name=f"g.rs.{mode}")
                                           * w[:2]).sum()), x)
         same(g, np.tile(as_np(w[:2]), (n, 1)) * n, (mode, "reducescatter"))
+        # Uneven blocks (the first dim0 % n ranks get a row more), in jit too.
+        dim0 = 2 * n + 1
+        rows = [dim0 // n + (1 if q < dim0 % n else 0) for q in range(n)]
+        wq = [np.arange(rows[q] * 3, dtype=np.float32).reshape(rows[q], 3) + q for q in range(n)]
+        g = run(mode, jax.grad(lambda x: (kd.reducescatter(x, op=kd.Sum, name=f"g.rsu.{mode}")
+                                          * wq[r]).sum()), value(r, (dim0, 3), "float32"))
+        same(g, np.concatenate(wq) * n, (mode, "uneven reducescatter"))
+        # A group of a float and an int tensor: the int one has no gradient.
+        g = run(mode, jax.grad(lambda x: kd.grouped_allreduce(
+            [x, jnp.ones(2, jnp.int32)], op=kd.Sum, name=f"g.mixed.{mode}")[0].sum()), x)
+        same(g, np.full(x.shape, float(n)), (mode, "mixed group"))
     # Ragged allgather, eagerly: this rank's rows of the averaged gradient.
     xr = jnp.ones((r + 1, 2))
     total = n * (n + 1) // 2

@@ -69,6 +69,12 @@ def check_custom_loop_matches_one_process():
         warnings.simplefilter("always")
         _jitted_loop(model, kd.DistributedOptimizer(keras.optimizers.Adam(0.01)), xs, ys)
     assert any("inside a traced (jitted) step" in str(w.message) for w in caught), caught
+    try:
+        kd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=kd.Adasum)
+    except NotImplementedError as e:
+        assert "JAX backend" in str(e), e
+    else:
+        raise AssertionError("op=Adasum was accepted on the JAX backend")
 
 
 def check_sync_batch_norm():
