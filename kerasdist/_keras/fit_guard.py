@@ -169,6 +169,7 @@ def _is_guarded(model):
 
 _ORIGINAL_FIT = None
 _FIT_SIGNATURE = None
+_PREPARE = []  # fn(model) run before each guarded fit (given by install())
 # id()s of the models inside a guarded fit (SyncStopTrainingCallback then
 # leaves the agreeing to the guard).
 ACTIVE = set()
@@ -183,6 +184,8 @@ def _callback_list(callbacks):
 def _guarded_fit(self, *args, **kwargs):
     if not _is_guarded(self):
         return _ORIGINAL_FIT(self, *args, **kwargs)
+    for prepare in _PREPARE:
+        prepare(self)
     bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)
     given = bound.arguments.get("callbacks")
     if isinstance(given, keras.callbacks.CallbackList):
@@ -205,9 +208,12 @@ def _guarded_fit(self, *args, **kwargs):
             given.callbacks.remove(guard)
 
 
-def install():
-    """Wraps `keras.Model.fit` once; idempotent."""
+def install(prepare=None):
+    """Wraps `keras.Model.fit` once; idempotent. `prepare(model)`, if given,
+    runs before each guarded `fit` (once registered)."""
     global _ORIGINAL_FIT, _FIT_SIGNATURE
+    if prepare is not None and prepare not in _PREPARE:
+        _PREPARE.append(prepare)
     if _ORIGINAL_FIT is not None:
         return
     original = keras.Model.fit

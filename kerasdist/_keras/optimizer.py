@@ -107,9 +107,28 @@ def _distributed_class(base):
     return cls
 
 
+def _reduce_before_loss_scale(model):
+    """Keras' `compile` wraps the optimizer of a model with the
+    `"mixed_float16"` policy in a `LossScaleOptimizer`. Around a distributed
+    optimizer, it would check the gradients for inf/NaN before they are
+    reduced, and reduce them in one branch only: a rank with a non-finite
+    gradient would skip the allreduce the others wait on. The reduction
+    moves to the outer optimizer, before its check, as `DistributedOptimizer`
+    arranges itself under a global `"mixed_float16"` policy."""
+    outer = getattr(model, "optimizer", None)
+    inner = getattr(outer, "inner_optimizer", None)
+    if (not isinstance(outer, keras.optimizers.LossScaleOptimizer)
+            or not getattr(inner, "_kerasdist_distributed", False)
+            or getattr(outer, "_kerasdist_distributed", False)):
+        return
+    settings = inner.__dict__.pop("_kerasdist_settings")
+    inner.__class__ = type(inner).__bases__[1]  # the wrapped Keras class
+    _make_distributed(outer, settings)
+
+
 def _make_distributed(optimizer, settings):
     # `fit` of a model with this optimizer agrees on stops and step counts.
-    _fit_guard.install()
+    _fit_guard.install(_reduce_before_loss_scale)
     optimizer.__class__ = _distributed_class(type(optimizer))
     optimizer.__dict__["_kerasdist_settings"] = settings
     _first_update.register(optimizer)

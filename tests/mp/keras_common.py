@@ -109,6 +109,28 @@ def check_accumulation_and_loss_scaling():
         keras.optimizers.SGD(0.1), initial_scale=2.0 ** 8), x, y)
     np.testing.assert_allclose(mine, want, **TOL)
 
+    # A model with the "mixed_float16" policy: Keras' compile puts its own
+    # LossScaleOptimizer around the distributed one. fit() moves the
+    # reduction before the finite check, so a non-finite gradient on one
+    # rank (a NaN in rank 0's second batch) makes every rank skip that step.
+    opt = kd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = make_model(kd.rank())
+        model.compile(optimizer=opt, loss="mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float64")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    xs = my_rows(x).copy()
+    if kd.rank() == 0:
+        xs[B] = np.nan
+    model.fit(xs, my_rows(y), batch_size=B, shuffle=False, verbose=0)
+    assert getattr(model.optimizer, "_kerasdist_distributed", False)
+    assert not getattr(model.optimizer.inner_optimizer, "_kerasdist_distributed", False)
+    mine = flat(model.trainable_weights)
+    assert np.all(np.isfinite(mine)), "a non-finite step was applied"
+    identical(mine, "weights with Keras' own loss scaling and a NaN on one rank")
+
 
 def check_callbacks(tmp):
     x, y = global_data(seed=3)
